@@ -1,0 +1,44 @@
+"""Command-line interface: a thin skin over the library, one module per command group.
+
+Every command turns `UserError` into a one-line `error: ...` on stderr and a non-zero exit,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from inceptionlab.errors import UserError
+
+app = typer.Typer(
+    name="inceptionlab",
+    help="Inception v3 and the ROCm Deep Learning Guide's case studies: train, evaluate, predict, check.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register() -> None:
+    # Imported here so `inceptionlab --help` stays fast and each group stays in its own module.
+    from inceptionlab.cli import data, demo, doctor, evaluate, plot, predict, train
+
+    for module in (doctor, train, evaluate, predict, plot, demo):
+        module.register(app)
+    app.add_typer(data.app, name="data")
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        app(args=argv, prog_name="inceptionlab", standalone_mode=True)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
