@@ -43,3 +43,40 @@ def shared_data(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"real data {path} is absent (set INCEPTIONLAB_SHARED_DATA to its folder)")
     return path
+
+
+def make_image_folder(root: Path, classes=("cat", "dog", "fox"), train_per_class=6, val_per_class=3, size=40, seed=0) -> Path:
+    """A tiny ImageFolder whose classes differ by colour, so a model can learn them in a few steps."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    palette = [(220, 40, 40), (40, 200, 60), (50, 70, 230), (230, 220, 40), (200, 60, 220)]
+    for split, count in (("train", train_per_class), ("val", val_per_class)):
+        for c, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                noise = rng.integers(-40, 40, size=(size, size, 3))
+                pixels = np.clip(np.array(palette[c % len(palette)]) + noise, 0, 255).astype("uint8")
+                Image.fromarray(pixels).save(folder / f"{name}_{i}.png")
+    return root
+
+
+@pytest.fixture
+def image_folder(tmp_path) -> Path:
+    return make_image_folder(tmp_path / "data")
+
+
+# Fast settings shared by engine tests: Inception v3's smallest input (75 px), tiny batches, main-process loading.
+FAST = [
+    "model.weights=null",
+    "data.train_crop_size=75",
+    "data.val_resize_size=75",
+    "data.val_crop_size=75",
+    "data.num_workers=0",
+    "train.batch_size=4",
+    "train.epochs=2",
+    "train.log_every=1",
+    "optim.lr=0.01",
+]

@@ -1,8 +1,67 @@
-"""Placeholder: replaced by the real command group."""
+"""`inceptionlab doctor`: print the installation check from `inceptionlab.doctor`."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
 import typer
 
-app = typer.Typer()
+if TYPE_CHECKING:
+    from inceptionlab.doctor import DoctorReport
+
+STATUS_WIDTH = 6
+NAME_WIDTH = 17
 
 
 def register(root: typer.Typer) -> None:
-    pass
+    root.command("doctor")(doctor)
+
+
+def doctor(
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+    expect_gpu: bool = typer.Option(
+        False, "--expect-gpu", help="Fail unless torch sees a GPU, even without GPU hardware evidence."
+    ),
+) -> None:
+    """Check the install: versions, build, GPUs, a real Conv2d on each device.
+
+    Exits 0 when no check fails, 1 otherwise.
+
+    A GPU is expected with --expect-gpu or when /dev/kfd, /dev/nvidia0,
+    nvidia-smi or rocminfo exists; if torch then sees none, the failing
+    `gpu` check lists the likely causes.
+
+    Example: inceptionlab doctor --expect-gpu
+    """
+    # Imported here so `inceptionlab --help` does not pay for importing torch.
+    from inceptionlab.doctor import run_doctor
+
+    report = run_doctor(expect_gpu=expect_gpu)
+    if json_output:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        typer.echo("\n".join(format_report(report)))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def format_report(report: DoctorReport) -> list[str]:
+    lines = []
+    for check in report.checks:
+        lines += format_check(check.status, check.name, check.detail)
+    failed = [c.name for c in report.failed_checks()]
+    warned = [c.name for c in report.checks if c.status == "warn"]
+    if failed:
+        lines.append(f"unhealthy: {len(failed)} failing check(s): {', '.join(failed)}")
+    else:
+        note = f" ({len(warned)} warning(s): {', '.join(warned)})" if warned else ""
+        lines.append(f"healthy: all {len(report.checks)} checks passed{note}")
+    return lines
+
+
+def format_check(status: str, name: str, detail: str) -> list[str]:
+    # Continuation lines (e.g. the list of causes) line up under the detail column.
+    first, *rest = detail.splitlines() or [""]
+    indent = " " * (STATUS_WIDTH + NAME_WIDTH)
+    return [f"{status:<{STATUS_WIDTH}}{name:<{NAME_WIDTH}}{first}"] + [indent + line for line in rest]

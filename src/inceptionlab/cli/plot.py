@@ -1,8 +1,23 @@
-"""Placeholder: replaced by the real command group."""
+"""`inceptionlab plot`: redraw a run directory's plots from its files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
 import typer
 
-app = typer.Typer()
+
+def plot(run: Path = typer.Argument(..., help="A run directory.")) -> None:
+    """Draw plots/loss.png, plots/accuracy.png and plots/confusion.png from the run's files.
+
+    Example: inceptionlab plot runs/demo/digits/20261122-101500
+    """
+    from inceptionlab.checkpoint import RunDir
+    from inceptionlab.plots import plot_run
+
+    for path in plot_run(RunDir.open(run).path):
+        print(path)
 
 
 def register(root: typer.Typer) -> None:
-    pass
+    root.command("plot")(plot)

@@ -1,8 +1,61 @@
-"""Placeholder: replaced by the real command group."""
+"""`inceptionlab predict`: top-k labels for images, from a pretrained model or a trained run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
 import typer
 
-app = typer.Typer()
+
+
+
+def predict(
+    inputs: List[Path] = typer.Argument(..., help="Image files and/or folders of images."),
+    model: str = typer.Option("inception_v3", "--model", help="torchvision classification model name."),
+    weights: str = typer.Option("imagenet", "--weights", help="'imagenet' (torch hub cache) or a state_dict file."),
+    run: Optional[Path] = typer.Option(None, "--run", help="Predict with a trained run directory instead."),
+    topk: int = typer.Option(5, "--topk", min=1, help="How many classes to show per image."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
+    as_json: bool = typer.Option(False, "--json", help='One JSON object per input: {"file", "topk"} or {"file", "error"}.'),
+) -> None:
+    """Classify images; exits 1 if any input failed (the others are still classified).
+
+    Examples:
+
+      inceptionlab predict dog.jpg                       # pretrained ImageNet Inception v3, top-5
+
+      inceptionlab predict photos/ --json > preds.jsonl
+
+      inceptionlab predict val/ --run runs/inception_v3/tiny_imagenet/20261122-101500
+    """
+    from inceptionlab.infer.predict import Predictor, load_pretrained_model, load_run_model, resolve_device
+
+    net, spec = load_run_model(run) if run is not None else load_pretrained_model(model, weights)
+    predictor = Predictor(net, spec, resolve_device(device))
+    failures = 0
+    for result in predictor.predict_files(inputs, topk=topk, batch_size=batch_size):
+        failures += "error" in result
+        print(json.dumps(result) if as_json else _format(result), flush=True)
+    if failures:
+        if not as_json:
+            typer.echo(f"{failures} input(s) failed", err=True)
+        raise typer.Exit(1)
+
+
+def _format(result: dict) -> str:
+    if "error" in result:
+        return f"{result['file']}\n  error: {result['error']}"
+    width = max(len(t["label"]) for t in result["topk"])
+    lines = [result["file"]]
+    lines += [f"  {t['prob']:7.2%}  {t['label']:<{width}}  (class {t['index']})" for t in result["topk"]]
+    return "\n".join(lines)
 
 
 def register(root: typer.Typer) -> None:
-    pass
+    root.command("predict")(predict)
+
+
+

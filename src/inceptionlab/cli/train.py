@@ -1,8 +1,91 @@
-"""Placeholder: replaced by the real command group."""
+"""`inceptionlab train` and `inceptionlab recipes`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
 import typer
 
-app = typer.Typer()
+from inceptionlab.errors import UserError
+
+
+def train(
+    recipe: Optional[str] = typer.Argument(None, help="Recipe name (see `inceptionlab recipes`) or YAML path."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (sets data.root)."),
+    overrides: List[str] = typer.Option([], "--set", help="Override a recipe value: --set optim.lr=0.01 (repeatable)."),
+    out: Path = typer.Option(Path("runs"), "--out", help="Parent folder of run directories."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in this run directory."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summary as one JSON object at the end."),
+) -> None:
+    """Train a recipe; everything lands in one run directory.
+
+    Examples:
+
+      inceptionlab train inception_v3/tiny_imagenet --data data/tiny-imagenet-200
+
+      inceptionlab train inception_v3/tiny_imagenet --set train.epochs=10 --set train.precision=bf16
+
+      inceptionlab train --resume runs/inception_v3/tiny_imagenet/20261122-101500
+
+      torchrun --nproc_per_node=8 -m inceptionlab train inception_v3/tiny_imagenet --data DIR
+    """
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.distributed import shutdown_distributed
+    from inceptionlab.engine.trainer import fit
+
+    extra = list(overrides) + ([f"data.root={data}"] if data is not None else [])
+    if resume is not None:
+        source = resume / "recipe.resolved.yaml"
+        if not source.is_file():
+            raise UserError(f"{resume}: not a run directory (no recipe.resolved.yaml) to resume")
+        if recipe is not None:
+            raise UserError("give either a RECIPE or --resume RUN_DIR, not both (use --set to change values)")
+        loaded = load_recipe(source, extra)
+    elif recipe is None:
+        raise UserError("missing RECIPE: e.g. `inceptionlab train inception_v3/tiny_imagenet --data DIR`")
+    else:
+        loaded = load_recipe(recipe, extra)
+    try:
+        outcome = fit(loaded, out, resume, progress=progress)
+    finally:
+        shutdown_distributed()
+    if as_json:
+        print(json.dumps(outcome.summary, default=str))
+    elif outcome.summary:
+        best = outcome.summary.get("best") or {}
+        print(f"{outcome.status}: best {outcome.summary['best_metric']} at epoch {best.get('epoch')}: "
+              f"top1 {best.get('top1', float('nan')):.4f} top5 {best.get('top5', float('nan')):.4f}")
+        print(f"run directory: {outcome.run_dir}")
+    if outcome.status == "interrupted":
+        raise typer.Exit(130)
+
+
+def recipes(
+    show: Optional[str] = typer.Option(None, "--show", help="Print one recipe fully resolved (every key)."),
+    as_json: bool = typer.Option(False, "--json", help="JSON output."),
+) -> None:
+    """List the shipped recipes, or print one with every key resolved.
+
+    Example: inceptionlab recipes --show inception_v3/tiny_imagenet
+    """
+    from inceptionlab.config import list_recipes, load_recipe, recipe_to_dict, recipe_to_yaml
+
+    if show:
+        recipe = load_recipe(show)
+        print(json.dumps(recipe_to_dict(recipe)) if as_json else recipe_to_yaml(recipe), end="" if not as_json else "\n")
+        return
+    rows = list_recipes()
+    if as_json:
+        print(json.dumps([{"name": n, "description": d} for n, d in rows]))
+        return
+    width = max(len(n) for n, _ in rows)
+    for name, description in rows:
+        print(f"{name:<{width}}  {description}")
 
 
 def register(root: typer.Typer) -> None:
-    pass
+    root.command("train")(train)
+    root.command("recipes")(recipes)

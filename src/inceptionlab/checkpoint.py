@@ -1,0 +1,188 @@
+"""Run directories and checkpoints: everything written atomically (temp file + rename).
+
+A run directory is the only hand-off between commands (see DESIGN.md):
+
+    runs/<recipe-name>/<YYYYmmdd-HHMMSS>/
+      recipe.resolved.yaml  env.json  spec.json  metrics.jsonl  summary.json
+      checkpoints/{last.pt,best.pt}  model.pt  plots/  tb/
+
+Checkpoints describe themselves: model, optimizer, scheduler, scaler, epoch, step, RNG states, best
+metric, class names, the resolved recipe and the model spec. They load with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from inceptionlab.errors import UserError
+
+CHECKPOINT_VERSION = 1
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    _atomic_write(path, lambda handle: handle.write(text.encode()))
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    _atomic_write(path, lambda handle: torch.save(obj, handle))
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "python_version": random.getstate()[0],
+        "python_gauss": random.getstate()[2],
+        "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+        "numpy_pos": int(np.random.get_state()[2]),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: checkpoint not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(
+            f"{path}: unreadable checkpoint ({type(exc).__name__}); it may be truncated: "
+            "resume from checkpoints/best.pt or start a new run"
+        ) from None
+    if not isinstance(ckpt, dict) or ckpt.get("version") != CHECKPOINT_VERSION or "model" not in ckpt:
+        raise UserError(f"{path}: not an inceptionlab checkpoint (version {CHECKPOINT_VERSION})")
+    return ckpt
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, out: Path, recipe_name: str) -> "RunDir":
+        """A new, never-existing run directory under out/<recipe-name>/."""
+        parent = Path(out) / recipe_name
+        parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for suffix in [""] + [f"-{i}" for i in range(1, 1000)]:
+            candidate = parent / f"{stamp}{suffix}"
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            return cls(candidate)
+        raise UserError(f"{parent}: could not create a new run directory")
+
+    @classmethod
+    def open(cls, path: Path) -> "RunDir":
+        path = Path(path)
+        if not (path / "spec.json").is_file():
+            raise UserError(f"{path}: not a run directory (no spec.json); give a folder made by `inceptionlab train`")
+        return cls(path)
+
+    # Paths (DESIGN.md's layout).
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / "best.pt"
+
+    @property
+    def model_file(self) -> Path:
+        return self.path / "model.pt"
+
+    @property
+    def spec_file(self) -> Path:
+        return self.path / "spec.json"
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def plots(self) -> Path:
+        return self.path / "plots"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tb"
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        # One short line per epoch, appended and flushed: a crash loses at most the line being written.
+        with open(self.metrics_file, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics_file.exists():
+            return []
+        rows = []
+        for line in self.metrics_file.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash
+        return rows
+
+    def truncate_metrics(self, epochs_done: int) -> None:
+        """Drop rows of epochs after the checkpoint we resume from (they will be redone)."""
+        rows = [r for r in self.read_metrics() if r.get("epoch", 0) <= epochs_done]
+        atomic_write_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def weights_for_inference(self) -> Path:
+        """model.pt when training finished, else the best checkpoint so far."""
+        for candidate in (self.model_file, self.best, self.last):
+            if candidate.is_file():
+                return candidate
+        raise UserError(f"{self.path}: no model.pt or checkpoint yet; train first or wait for the first epoch")

@@ -1,0 +1,266 @@
+"""Recipes: YAML files that hold data only, read into typed dataclasses.
+
+A recipe names a dataset reader, a model from the registry and a task; the engine never forks on
+which recipe it runs. Files may inherit from another with `base: other.yaml` (resolved relative to
+the file), and `--set section.key=value` overrides are applied last. OmegaConf's structured configs
+make the dataclasses the schema: an unknown key or a value of the wrong type is an error naming the
+key; the cross-checks OmegaConf cannot express live in `__post_init__`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from inceptionlab.errors import UserError
+
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+OPTIMIZERS = ("sgd", "adamw", "adam")
+SCHEDULES = ("steplr", "cosine", "constant")
+TASKS = ("multiclass", "binary")
+
+
+def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{where}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(where: str, value: float | int | None, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{where}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "inception_v3"  # registry name: any torchvision classification model, or ours
+    weights: Optional[str] = "imagenet"  # "imagenet" (the model's default weights), a .pt path, or null
+    num_classes: Optional[int] = None  # null: taken from the dataset's classes
+    aux_loss_weight: Optional[float] = None  # null: drop Inception's aux head; else keep it, loss weight
+    kwargs: dict[str, Any] = field(default_factory=dict)  # extra builder arguments (dropout, ...)
+
+    def __post_init__(self) -> None:
+        _check_positive("model.num_classes", self.num_classes)
+        _check_positive("model.aux_loss_weight", self.aux_loss_weight, allow_zero=True)
+
+
+@dataclass
+class DataConfig:
+    reader: str = "imagefolder"  # dataset reader: imagefolder | tiny_imagenet | digits | ...
+    root: Optional[str] = None  # dataset folder; `--data DIR` sets it
+    train_split: str = "train"
+    val_split: str = "val"
+    train_crop_size: int = 299  # RandomResizedCrop output, px
+    val_resize_size: int = 342  # shorter side before the centre crop, px
+    val_crop_size: int = 299
+    interpolation: str = "bilinear"
+    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])  # ImageNet
+    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    train_crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
+    hflip: bool = False  # random horizontal flip in training (the guide has none)
+    num_workers: Optional[int] = None  # null: min(8, CPU cores); 0 loads in the main process
+    max_train_samples: Optional[int] = None  # cap for smoke runs (a fixed random subset)
+    max_val_samples: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check_choice("data.interpolation", self.interpolation, INTERPOLATIONS)
+        for name in ("train_crop_size", "val_resize_size", "val_crop_size"):
+            _check_positive(f"data.{name}", getattr(self, name))
+        if self.val_resize_size < self.val_crop_size:
+            raise ValueError(
+                f"data.val_resize_size={self.val_resize_size} is smaller than "
+                f"data.val_crop_size={self.val_crop_size}: the centre crop would not fit"
+            )
+        if len(self.train_crop_scale) != 2 or not 0 < self.train_crop_scale[0] <= self.train_crop_scale[1] <= 1:
+            raise ValueError(f"data.train_crop_scale={self.train_crop_scale} must be [low, high] with 0 < low <= high <= 1")
+        if len(self.mean) != len(self.std):
+            raise ValueError("data.mean and data.std must have the same length")
+        _check_positive("data.num_workers", self.num_workers, allow_zero=True)
+        _check_positive("data.max_train_samples", self.max_train_samples)
+        _check_positive("data.max_val_samples", self.max_val_samples)
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 90
+    batch_size: int = 32
+    eval_batch_size: Optional[int] = None  # null: 2 x batch_size (no activations kept for backward)
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler)
+    channels_last: bool = False  # NHWC memory format: faster convolutions with oneDNN/cuDNN/MIOpen
+    compile: bool = False  # torch.compile the model (first steps pay the compile time)
+    seed: int = 0
+    deterministic: bool = False  # torch.use_deterministic_algorithms; slower on GPU
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (ROCm GPUs are "cuda" in PyTorch)
+    log_every: int = 10  # steps between log lines (the guide prints every 10)
+    label_smoothing: float = 0.0
+    grad_clip_norm: Optional[float] = None  # clip the global grad norm to this value
+    best_metric: str = "val_top1"  # metric that picks best.pt; *_loss metrics are minimised
+    early_stop_patience: Optional[int] = None  # stop after this many epochs without improvement
+    early_stop_min_delta: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_choice("train.precision", self.precision, PRECISIONS)
+        _check_positive("train.epochs", self.epochs)
+        _check_positive("train.batch_size", self.batch_size)
+        _check_positive("train.eval_batch_size", self.eval_batch_size)
+        _check_positive("train.log_every", self.log_every)
+        _check_positive("train.grad_clip_norm", self.grad_clip_norm)
+        _check_positive("train.early_stop_patience", self.early_stop_patience)
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if not self.best_metric.startswith(("val_", "train_")):
+            raise ValueError(f"train.best_metric={self.best_metric!r} must start with val_ or train_")
+
+
+@dataclass
+class OptimConfig:
+    name: str = "sgd"  # sgd | adamw | adam
+    lr: float = 0.1
+    momentum: float = 0.9  # SGD only
+    nesterov: bool = False  # SGD only
+    weight_decay: float = 1e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam(W) only
+
+    def __post_init__(self) -> None:
+        _check_choice("optim.name", self.name, OPTIMIZERS)
+        _check_positive("optim.lr", self.lr)
+        _check_positive("optim.weight_decay", self.weight_decay, allow_zero=True)
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "steplr"  # steplr | cosine | constant; stepped once per epoch, as in the guide
+    step_size: int = 30  # StepLR: epochs between decays
+    gamma: float = 0.1  # StepLR: decay factor
+    warmup_epochs: int = 0  # linear warm-up from warmup_start_factor x lr
+    warmup_start_factor: float = 0.1
+    min_lr: float = 0.0  # cosine floor
+
+    def __post_init__(self) -> None:
+        _check_choice("schedule.name", self.name, SCHEDULES)
+        _check_positive("schedule.step_size", self.step_size)
+        _check_positive("schedule.warmup_epochs", self.warmup_epochs, allow_zero=True)
+
+
+@dataclass
+class Recipe:
+    name: str = "unnamed"
+    description: str = ""
+    task: str = "multiclass"  # fixes the loss, the prediction rule and the metrics
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+    def __post_init__(self) -> None:
+        _check_choice("task", self.task, TASKS)
+        if self.model.aux_loss_weight is not None and self.data.train_crop_size < 299:
+            # Inception's aux head pools 5x5/3 over Mixed_6e then applies a 5x5 conv: Mixed_6e must be
+            # 17x17, which it is only from 299 px up (measured: 298 px fails).
+            raise ValueError(
+                f"model.aux_loss_weight needs data.train_crop_size >= 299, got {self.data.train_crop_size}"
+            )
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: recipe not found (list them with `inceptionlab recipes`)") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _load_layers(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
+    """The chain of YAML mappings from the root base down to `path`, base first."""
+    path = path.resolve()
+    if path in seen:
+        raise UserError(f"{path}: `base:` inheritance loops back to itself")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return [(path, data)]
+    return _load_layers((path.parent / base), seen + (path,)) + [(path, data)]
+
+
+def resolve_recipe_path(name_or_path: str | Path) -> Path:
+    """A path to a YAML file, or a recipe name like `inception_v3/tiny_imagenet`."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    candidate = RECIPES_DIR / f"{name_or_path}.yaml"
+    if candidate.exists():
+        return candidate
+    raise UserError(f"{name_or_path}: no such recipe file or name (list them with `inceptionlab recipes`)")
+
+
+def _merge(where: Path | str, cfg: Any, layer: Any) -> Any:
+    try:
+        return OmegaConf.merge(cfg, layer)
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{where}: {_describe(exc)}") from None
+
+
+def _describe(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or ""
+    msg = str(exc).splitlines()[0]
+    if "not in" in msg and key:
+        return f"unknown key `{key}` (check the spelling; `inceptionlab recipes --show NAME` prints every key)"
+    return f"`{key}`: {msg}" if key else msg
+
+
+def load_recipe(name_or_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read a recipe (with its `base:` chain), apply `key=value` overrides, validate, return it."""
+    path = resolve_recipe_path(name_or_path)
+    cfg = OmegaConf.structured(Recipe)
+    for layer_path, layer in _load_layers(path):
+        cfg = _merge(layer_path, cfg, layer)
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=0.01")
+        cfg = _merge(f"--set {item}", cfg, OmegaConf.from_dotlist([item]))
+    try:
+        return OmegaConf.to_object(cfg)
+    except ValueError as exc:
+        raise UserError(f"{path}: {exc}") from None
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{path}: {_describe(exc)}") from None
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(recipe), resolve=True)
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False)
+
+
+def recipe_from_dict(data: dict[str, Any]) -> Recipe:
+    """Rebuild a recipe saved in a run directory or a checkpoint."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), data))
+
+
+def list_recipes() -> list[tuple[str, str]]:
+    """(name, description) for every recipe file shipped in recipes/."""
+    rows = []
+    for path in sorted(RECIPES_DIR.rglob("*.yaml")):
+        name = path.relative_to(RECIPES_DIR).with_suffix("").as_posix()
+        rows.append((name, load_recipe(path).description))
+    return rows

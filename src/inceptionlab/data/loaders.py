@@ -1,0 +1,120 @@
+"""DataLoader construction: epoch-seeded shuffling that resumes mid-epoch, sharding across ranks.
+
+The order of an epoch is a function of (seed, epoch) alone, so a run resumed after a crash sees the
+same batches as one that never stopped; `start` skips the samples already consumed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Sized
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+
+from inceptionlab.data.imagefolder import collate_skipping_unreadable
+
+
+class EpochSampler(Sampler[int]):
+    """Shuffled (or sequential) indices for one rank of `world_size`, reproducible per epoch.
+
+    Training pads the index list so every rank gets the same number of batches (DDP needs equal
+    step counts); evaluation (`pad=False`) shards without padding so no sample is counted twice.
+    """
+
+    def __init__(self, size: int, *, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1, pad: bool = True):
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.rank, self.world_size, self.pad = rank, world_size, pad
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Select the epoch's order; skip the first `start` samples of this rank's share."""
+        self.epoch, self.start = epoch, start
+
+    def _indices(self) -> list[int]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        else:
+            order = list(range(self.size))
+        if self.pad and self.world_size > 1 and self.size % self.world_size:
+            order += order[: self.world_size - self.size % self.world_size]
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices()[self.start :])
+
+    def __len__(self) -> int:
+        return len(self._indices()) - self.start
+
+
+@dataclass
+class SkipTrackingLoader:
+    """Yields `(inputs, targets)` and remembers which files could not be decoded."""
+
+    loader: DataLoader
+    generator: torch.Generator  # the loader's own: worker seeds never draw on the global RNG
+    seed: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def sampler(self) -> EpochSampler:
+        return self.loader.sampler  # type: ignore[return-value]
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Fix the epoch's sample order and worker seeds; skip the first `start` samples."""
+        self.sampler.set_epoch(epoch, start)
+        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for inputs, targets, skipped in self.loader:
+            self.skipped.extend(skipped)
+            if len(targets):
+                yield inputs, targets
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def default_num_workers() -> int:
+    return min(8, os.cpu_count() or 1)
+
+
+def cap_samples(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
+    """A fixed random subset of `limit` samples (for smoke runs); the whole dataset otherwise."""
+    size = len(dataset)  # type: ignore[arg-type]
+    if limit is None or limit >= size:
+        return dataset
+    generator = torch.Generator().manual_seed(seed)
+    keep = torch.randperm(size, generator=generator)[:limit].sort().values.tolist()
+    return Subset(dataset, keep)
+
+
+def make_loader(
+    dataset: Sized,
+    *,
+    batch_size: int,
+    train: bool,
+    seed: int,
+    num_workers: int | None,
+    rank: int = 0,
+    world_size: int = 1,
+    pin_memory: bool = False,
+) -> SkipTrackingLoader:
+    workers = default_num_workers() if num_workers is None else num_workers
+    sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(
+        dataset,  # type: ignore[arg-type]
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate_skipping_unreadable,
+        pin_memory=pin_memory,
+        drop_last=False,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+        generator=generator,
+    )
+    return SkipTrackingLoader(loader, generator, seed)

@@ -1,0 +1,61 @@
+"""torchrun / DistributedDataParallel set-up. Side effects (files, logs, plots) happen on rank 0 only.
+
+Launch: `torchrun --nproc_per_node=NUM_GPUS -m inceptionlab train RECIPE ...` (add --nnodes and
+--rdzv-endpoint for several nodes). NCCL (RCCL on ROCm) on GPUs, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_type: str) -> DistInfo:
+    """Join the process group torchrun describes in the environment; a no-op for one process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if device_type == "cuda":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(backend=backend)
+    return info
+
+
+def shutdown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on any: a stop request must stop all ranks together."""
+    if not info.enabled:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()

@@ -1,0 +1,141 @@
+"""Evaluate a trained run or a pretrained model on an image split: loss, top-1, top-5, per class.
+
+For a pretrained ImageNet model, class folders may be named by WordNet id (n01443537, as in
+tiny-imagenet and ImageNet itself) or by the model's own label; their images are scored against the
+model's 1000 outputs, and per-class accuracy is reported for the classes present.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from inceptionlab.checkpoint import atomic_write_json
+from inceptionlab.config import load_recipe
+from inceptionlab.data.imagefolder import RobustImageFolder
+from inceptionlab.data.loaders import make_loader
+from inceptionlab.data.readers import read_eval_split
+from inceptionlab.data.transforms import spec_eval_transform, spec_normalize
+from inceptionlab.engine.loop import StepSettings, evaluate
+from inceptionlab.engine.task import make_task
+from inceptionlab.errors import UserError
+from inceptionlab.infer.predict import load_pretrained_model, load_run_model
+from inceptionlab.models.spec import ModelSpec
+
+
+def imagenet_wnids() -> list[str]:
+    """The 1000 ImageNet-1k WordNet ids in class-index order (shipped with the package)."""
+    text = resources.files("inceptionlab").joinpath("resources/imagenet_synsets.txt").read_text()
+    return text.split()
+
+
+class TargetMap(torch.utils.data.Dataset):
+    """Relabel a dataset's folder indices to model output indices."""
+
+    def __init__(self, dataset: RobustImageFolder, mapping: list[int]):
+        self.dataset, self.mapping = dataset, mapping
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        image, target = self.dataset[index]
+        return (image, self.mapping[target]) if image is not None else (image, target)
+
+
+def map_folders_to_model(folders: list[str], spec: ModelSpec, root: Path) -> list[int]:
+    """Model output index for each class folder, by class name, WordNet id (1000-class) or label."""
+    lookups = [{name: i for i, name in enumerate(spec.class_names)}, {label: i for i, label in enumerate(spec.labels)}]
+    if spec.num_classes == 1000:
+        lookups.append({wnid: i for i, wnid in enumerate(imagenet_wnids())})
+    mapping = []
+    for folder in folders:
+        index = next((lookup[folder] for lookup in lookups if folder in lookup), None)
+        if index is None:
+            raise UserError(
+                f"{root / folder}: class folder matches none of the model's classes "
+                f"(name it by class name{' or ImageNet wnid' if spec.num_classes == 1000 else ''})"
+            )
+        mapping.append(index)
+    return mapping
+
+
+@dataclass
+class Evaluation:
+    spec: ModelSpec
+    result: dict[str, Any]
+    present: list[int]  # model class indices that have samples
+
+    def report(self) -> dict[str, Any]:
+        per_class = self.result["per_class"]
+        return {
+            "loss": self.result["loss"],
+            "top1": self.result["top1"],
+            "top5": self.result["top5"],
+            "samples": self.result["samples"],
+            "per_class": {self.spec.labels[i]: per_class[i] for i in self.present},
+            "per_class_samples": {self.spec.labels[i]: int(self.result["confusion"][i].sum()) for i in self.present},
+        }
+
+
+def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.Dataset, *, device: torch.device,
+                   batch_size: int, num_workers: int | None, precision: str = "fp32") -> dict[str, Any]:
+    model = model.to(device).eval()
+    loader = make_loader(dataset, batch_size=batch_size, train=False, seed=0, num_workers=num_workers,
+                         pin_memory=device.type == "cuda")
+    settings = StepSettings(device, precision, spec_normalize(spec).to(device))
+    task = make_task(spec.task, spec.num_classes)
+    result = evaluate(model, loader, task, settings)
+    result["skipped"] = loader.skipped
+    return result
+
+
+def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device: torch.device, batch_size: int,
+                 num_workers: int | None, weights: Path | None = None) -> Evaluation:
+    model, spec = load_run_model(run_dir, weights)
+    recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", [f"data.root={data}"] if data else [])
+    dataset = read_eval_split(recipe.data, spec_eval_transform(spec), split)
+    if dataset.classes != spec.class_names:
+        mapping = map_folders_to_model(dataset.classes, spec, Path(dataset.root))
+        dataset = TargetMap(dataset, mapping)  # type: ignore[assignment]
+    result = run_evaluation(model, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers)
+    present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
+    return Evaluation(spec, result, present)
+
+
+def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.device, batch_size: int,
+                        num_workers: int | None) -> Evaluation:
+    model, spec = load_pretrained_model(name, weights)
+    root = data / "val" if (data / "val").is_dir() else data
+    dataset = RobustImageFolder(root, transform=spec_eval_transform(spec))
+    mapping = map_folders_to_model(dataset.classes, spec, root)
+    result = run_evaluation(model, spec, TargetMap(dataset, mapping), device=device, batch_size=batch_size,
+                            num_workers=num_workers)
+    return Evaluation(spec, result, sorted(set(mapping)))
+
+
+def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
+    """eval.json, confusion.csv and plots/confusion.png (present classes only) under out_dir."""
+    from inceptionlab.engine.trainer import write_confusion
+    from inceptionlab.plots import plot_confusion
+
+    present = evaluation.present
+    confusion = evaluation.result["confusion"][present][:, present]
+    sub_spec = ModelSpec(evaluation.spec.arch, len(present), [evaluation.spec.class_names[i] for i in present],
+                         [evaluation.spec.labels[i] for i in present])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "eval.json", "confusion_csv": out_dir / "confusion.csv",
+             "confusion_png": out_dir / "plots" / "confusion.png"}
+    atomic_write_json(paths["json"], {**evaluation.report(), "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    write_confusion(paths["confusion_csv"], sub_spec, confusion)
+    plot_confusion(paths["confusion_csv"], paths["confusion_png"])
+    return paths
+
+
+

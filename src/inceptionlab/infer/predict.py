@@ -1,0 +1,106 @@
+"""Images -> top-k labels with probabilities, for a pretrained model or a trained run.
+
+The model and its preprocessing come from one place: the run's spec.json, or the pretrained
+weights' own metadata (for torchvision's Inception v3: resize 342, centre crop 299, bilinear,
+ImageNet mean/std; the guide resizes to 299, the weights were evaluated at 342 -> 299).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+from torch import nn
+
+from inceptionlab.checkpoint import RunDir
+from inceptionlab.data.images import ImageReadError, expand_image_paths, load_rgb
+from inceptionlab.data.transforms import Normalize, spec_eval_transform, spec_normalize
+from inceptionlab.engine.task import main_logits
+from inceptionlab.errors import UserError
+from inceptionlab.models.registry import build_model, pretrained_spec, rebuild_model
+from inceptionlab.models.spec import ModelSpec
+
+
+def resolve_device(name: str) -> torch.device:
+    from inceptionlab.engine.trainer import resolve_device as resolve
+
+    return resolve(name)
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(f"{path}: unreadable weights ({type(exc).__name__}); the file may be truncated") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a training checkpoint
+    return state
+
+
+def load_run_model(run_dir: Path, weights: Path | None = None) -> tuple[nn.Module, ModelSpec]:
+    """The trained model of a run directory (model.pt, else best.pt), in eval mode, on the CPU."""
+    run = RunDir.open(run_dir)
+    spec = ModelSpec.load(run.spec_file)
+    model = rebuild_model(spec)
+    path = weights or run.weights_for_inference()
+    try:
+        model.load_state_dict(load_state_dict(path))
+    except RuntimeError as exc:
+        raise UserError(f"{path}: weights do not match {run.spec_file} ({str(exc).splitlines()[0]})") from None
+    return model.eval(), spec
+
+
+def load_pretrained_model(name: str, weights: str = "imagenet") -> tuple[nn.Module, ModelSpec]:
+    spec = pretrained_spec(name)
+    built = build_model(name, spec.num_classes, weights)
+    return built.model.eval(), spec
+
+
+@dataclass
+class Predictor:
+    model: nn.Module
+    spec: ModelSpec
+    device: torch.device
+
+    def __post_init__(self) -> None:
+        self.model = self.model.to(self.device).eval()
+        self.transform = spec_eval_transform(self.spec)
+        self.normalize: Normalize = spec_normalize(self.spec).to(self.device)
+
+    @torch.inference_mode()
+    def probabilities(self, batch: torch.Tensor) -> torch.Tensor:
+        """uint8 NCHW batch (already resized and cropped) -> class probabilities."""
+        logits = main_logits(self.model(self.normalize(batch.to(self.device))))
+        return logits.float().softmax(dim=-1).cpu()
+
+    def topk(self, probs: torch.Tensor, k: int) -> list[dict[str, Any]]:
+        values, indices = probs.topk(min(k, probs.numel()))
+        labels = self.spec.labels
+        return [{"label": labels[i], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(values, indices)]
+
+    def predict_files(self, inputs: Iterable[str | Path], topk: int = 5, batch_size: int = 16) -> Iterator[dict[str, Any]]:
+        """One result per input, in input order: {"file", "topk"} or {"file", "error"}."""
+        files, errors = expand_image_paths(list(inputs))
+        for source, message in errors:
+            yield {"file": str(source), "error": message}
+        for start in range(0, len(files), batch_size):
+            yield from self._predict_batch(files[start : start + batch_size], topk)
+
+    def _predict_batch(self, files: list[Path], topk: int) -> Iterator[dict[str, Any]]:
+        images: list[torch.Tensor] = []
+        results: list[dict[str, Any]] = []
+        for path in files:
+            try:
+                # Decode huge JPEGs at reduced size: the model sees resize_size px anyway.
+                images.append(self.transform(load_rgb(path, max_side=self.spec.resize_size)))
+                results.append({"file": str(path)})
+            except (ImageReadError, OSError, ValueError) as exc:
+                results.append({"file": str(path), "error": str(exc).splitlines()[0]})
+        if images:
+            probs = iter(self.probabilities(torch.stack([torch.as_tensor(i) for i in images])))
+            for result in results:
+                if "error" not in result:
+                    result["topk"] = self.topk(next(probs), topk)
+        yield from results

@@ -1,0 +1,231 @@
+"""Model registry: one API over torchvision's classification models and our own small ones.
+
+`build_model` loads pretrained weights when asked (from the torch hub cache or a file; never a
+silent download failure), replaces the classification head(s) with ones sized to the dataset, and
+drops or keeps Inception's auxiliary head. `rebuild_model` recreates a trained model from its spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torchvision
+from torch import nn
+from torchvision.models import get_model_weights, list_models
+
+from inceptionlab.errors import UserError
+from inceptionlab.models.spec import ModelSpec
+
+# Our own models (the guide's small case-study networks register here).
+_OWN_MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+# Builder arguments torchvision's builders set by themselves when given pretrained weights: the
+# Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
+# `transform_input=True` recreates from ImageNet-normalised tensors inside the model.
+_PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
+    "inception_v3": {"transform_input": True, "aux_logits": True, "init_weights": False},
+    "googlenet": {"transform_input": True, "aux_logits": True, "init_weights": False},
+}
+# Modules holding auxiliary classifiers, removed when the aux loss is off (as the guide does).
+_AUX_HEAD_ATTRS = ("AuxLogits", "aux1", "aux2")
+PRETRAINED_WEIGHTS = ("imagenet", "imagenet_if_cached")
+
+
+def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    def add(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        _OWN_MODELS[name] = builder
+        return builder
+
+    return add
+
+
+def available_models() -> list[str]:
+    return sorted(set(list_models(module=torchvision.models)) | set(_OWN_MODELS))
+
+
+def _check_known(name: str) -> None:
+    if name not in available_models():
+        raise UserError(
+            f"unknown model {name!r}: use a torchvision classification model name "
+            f"(e.g. inception_v3, resnet50) or one of ours ({', '.join(sorted(_OWN_MODELS)) or 'none'})"
+        )
+
+
+def default_weights(name: str) -> torchvision.models.WeightsEnum:
+    return get_model_weights(name).DEFAULT
+
+
+def cached_weights_file(name: str) -> Path:
+    """Where torch.hub keeps (or would keep) the model's default ImageNet weights."""
+    url = default_weights(name).url
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(url).name
+
+
+def _hash_prefix(url: str) -> str:
+    # torchvision file names end in -<first 8+ hex digits of the file's sha256>.pth
+    return Path(url).stem.rsplit("-", 1)[-1]
+
+
+def _load_imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
+    weights = default_weights(name)
+    try:
+        return torch.hub.load_state_dict_from_url(weights.url, progress=False, check_hash=True)
+    except Exception as exc:  # any network or file error: the fix is the same
+        target = cached_weights_file(name)
+        raise UserError(
+            f"{name} ImageNet weights not found and not downloadable ({type(exc).__name__}): "
+            f"put {target.name} (sha256 starts {_hash_prefix(weights.url)}) from {weights.url} "
+            f"into {target.parent}/ or pass a local file with --weights PATH (model.weights=PATH)"
+        ) from None
+
+
+def _load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise UserError(f"{path}: weights file not found (give a state_dict .pt/.pth file)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(f"{path}: not a readable PyTorch weights file ({type(exc).__name__}: {exc})"[:300]) from None
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]  # a training checkpoint: take its model part
+    if not isinstance(state, dict):
+        raise UserError(f"{path}: expected a state_dict (dict of tensors), got {type(state).__name__}")
+    return state
+
+
+def _output_layers(model: nn.Module, num_outputs: int) -> list[str]:
+    """Names of the classification output layers: Linear / 1x1 Conv producing `num_outputs`."""
+    names = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.out_features == num_outputs:
+            names.append(name)
+        elif isinstance(module, nn.Conv2d) and module.out_channels == num_outputs and module.kernel_size == (1, 1):
+            names.append(name)
+    return names
+
+
+def _new_like(layer: nn.Module, num_classes: int) -> nn.Module:
+    if isinstance(layer, nn.Linear):
+        return nn.Linear(layer.in_features, num_classes, bias=layer.bias is not None)
+    return nn.Conv2d(layer.in_channels, num_classes, kernel_size=1)
+
+
+def replace_heads(model: nn.Module, old_classes: int, num_classes: int) -> list[str]:
+    """Swap every classification output layer (main and auxiliary) for a fresh one."""
+    names = _output_layers(model, old_classes)
+    if not names:
+        raise UserError(f"{type(model).__name__}: found no output layer with {old_classes} outputs to replace")
+    for name in names:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, _new_like(getattr(parent, attr), num_classes))
+    return names
+
+
+def drop_aux_heads(model: nn.Module) -> None:
+    """The guide's `model.aux_logits = False; model.AuxLogits = None`, for any model that has them."""
+    if hasattr(model, "aux_logits"):
+        model.aux_logits = False
+    for attr in _AUX_HEAD_ATTRS:
+        if getattr(model, attr, None) is not None:
+            setattr(model, attr, None)
+
+
+def _arch_kwargs(model: nn.Module) -> dict[str, Any]:
+    """Builder arguments that `rebuild_model` needs to recreate this exact module tree."""
+    kwargs: dict[str, Any] = {}
+    for attr in ("aux_logits", "transform_input"):
+        if hasattr(model, attr):
+            kwargs[attr] = bool(getattr(model, attr))
+    if "aux_logits" in kwargs:
+        kwargs["init_weights"] = False  # weights are loaded right after: skip the slow init
+    return kwargs
+
+
+@dataclass
+class BuiltModel:
+    model: nn.Module
+    arch_kwargs: dict[str, Any]
+    pretrained: str | None  # what was loaded: "imagenet", a path, or None (random init)
+    source_classes: list[str] | None  # the pretrained weights' own class names
+
+
+def _want_pretrained(name: str, weights: str | None) -> str | None:
+    """Resolve `imagenet_if_cached` to imagenet or None; pass everything else through."""
+    if weights == "imagenet_if_cached":
+        return "imagenet" if cached_weights_file(name).is_file() else None
+    return weights
+
+
+def build_model(
+    name: str,
+    num_classes: int,
+    weights: str | None = None,
+    aux_loss_weight: float | None = None,
+    **kwargs: Any,
+) -> BuiltModel:
+    """A model ready to train or run: pretrained weights loaded, heads sized to `num_classes`."""
+    _check_known(name)
+    if name in _OWN_MODELS:
+        if weights not in (None, "imagenet_if_cached"):
+            raise UserError(f"model {name!r} has no pretrained weights: set model.weights=null")
+        model = _OWN_MODELS[name](num_classes=num_classes, **kwargs)
+        return BuiltModel(model, dict(kwargs), None, None)
+
+    weights = _want_pretrained(name, weights)
+    wants_aux = aux_loss_weight is not None
+    if weights is None:
+        if name in _PRETRAINED_ARCH_KWARGS:
+            kwargs.setdefault("aux_logits", wants_aux)
+            kwargs.setdefault("init_weights", True)  # torchvision's init; None only adds a warning
+        model = torchvision.models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+        return BuiltModel(model, {**kwargs, **_arch_kwargs(model)}, None, None)
+
+    state = _load_imagenet_state_dict(name) if weights == "imagenet" else _load_state_dict_file(Path(weights))
+    meta = default_weights(name).meta
+    source_classes = list(meta["categories"])
+    pretrained_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **kwargs}
+    model = torchvision.models.get_model(name, weights=None, num_classes=len(source_classes), **pretrained_kwargs)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise UserError(
+            f"{weights}: weights do not fit {name} with {len(source_classes)} classes "
+            f"({str(exc).splitlines()[0]}); for a fine-tuned run use --run RUN_DIR"
+        ) from None
+    if num_classes != len(source_classes):
+        replace_heads(model, len(source_classes), num_classes)
+    if not wants_aux:
+        drop_aux_heads(model)
+    return BuiltModel(model, _arch_kwargs(model) | dict(kwargs), weights, source_classes)
+
+
+def rebuild_model(spec: ModelSpec) -> nn.Module:
+    """An untrained module with exactly the tree described by `spec`, for loading a state_dict."""
+    _check_known(spec.arch)
+    if spec.arch in _OWN_MODELS:
+        return _OWN_MODELS[spec.arch](num_classes=spec.num_classes, **spec.arch_kwargs)
+    return torchvision.models.get_model(spec.arch, weights=None, num_classes=spec.num_classes, **spec.arch_kwargs)
+
+
+def pretrained_spec(name: str) -> ModelSpec:
+    """The spec of torchvision's default ImageNet weights, preprocessing from their own metadata."""
+    weights = default_weights(name)
+    preprocess = weights.transforms()
+    categories = list(weights.meta["categories"])
+    return ModelSpec(
+        arch=name,
+        num_classes=len(categories),
+        class_names=categories,
+        crop_size=int(preprocess.crop_size[0]),
+        resize_size=int(preprocess.resize_size[0]),
+        interpolation=preprocess.interpolation.value,
+        mean=list(preprocess.mean),
+        std=list(preprocess.std),
+        arch_kwargs=dict(_PRETRAINED_ARCH_KWARGS.get(name, {}), aux_logits=False)
+        if name in _PRETRAINED_ARCH_KWARGS
+        else {},
+    )

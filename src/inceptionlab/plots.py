@@ -1,0 +1,96 @@
+"""Plots drawn from run-directory files only (never from the engine's objects).
+
+plots/loss.png       train and val loss per epoch (the guide's figure)
+plots/accuracy.png   train top-1, val top-1 and top-5 per epoch
+plots/confusion.png  the last evaluation's confusion matrix (row-normalised)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed, safe in workers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _read_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def plot_curves(run_dir: Path, rows: list[dict], keys: list[tuple[str, str]], ylabel: str, name: str) -> Path | None:
+    present = [(k, label) for k, label in keys if any(k in r for r in rows)]
+    if not rows or not present:
+        return None
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for key, label in present:
+        points = [(r["epoch"], r[key]) for r in rows if key in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{run_dir.parent.name}/{run_dir.name}", fontsize=9)
+    return _save(fig, run_dir / "plots" / name)
+
+
+def plot_confusion(csv_path: Path, out: Path) -> Path | None:
+    if not csv_path.exists():
+        return None
+    with open(csv_path) as handle:
+        rows = list(csv.reader(handle))
+    labels = rows[0][1:]
+    matrix = np.array([[float(v) for v in row[1:]] for row in rows[1:]])
+    normalised = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    n = len(labels)
+    size = min(4 + n * 0.35, 16)
+    fig, ax = plt.subplots(figsize=(size, size))
+    image = ax.imshow(normalised, cmap="Blues", vmin=0, vmax=1)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of true class")
+    if n <= 40:  # beyond that, tick labels are unreadable anyway
+        ax.set_xticks(range(n), labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(n), labels, fontsize=7)
+        if n <= 15:
+            for i in range(n):
+                for j in range(n):
+                    if matrix[i, j]:
+                        ax.text(j, i, int(matrix[i, j]), ha="center", va="center", fontsize=7,
+                                color="white" if normalised[i, j] > 0.5 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    return _save(fig, out)
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """(Re)draw every plot a run directory's files allow; returns the files written."""
+    run_dir = Path(run_dir)
+    rows = _read_rows(run_dir)
+    made = [
+        plot_curves(run_dir, rows, [("train_loss", "train"), ("val_loss", "val")], "cross-entropy loss", "loss.png"),
+        plot_curves(run_dir, rows, [("train_top1", "train top-1"), ("val_top1", "val top-1"), ("val_top5", "val top-5")],
+                    "accuracy", "accuracy.png"),
+        plot_confusion(run_dir / "confusion.csv", run_dir / "plots" / "confusion.png"),
+    ]
+    return [p for p in made if p is not None]

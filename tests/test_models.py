@@ -1,0 +1,110 @@
+"""The registry: any torchvision classifier, pretrained weights from the hub cache, head replacement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+
+from inceptionlab.errors import UserError
+from inceptionlab.models.registry import (
+    available_models,
+    build_model,
+    cached_weights_file,
+    pretrained_spec,
+    rebuild_model,
+)
+from inceptionlab.models.spec import ModelSpec
+
+
+@pytest.fixture(scope="session")
+def fake_hub(tmp_path_factory):
+    """A torch hub cache holding a (randomly initialised) file named like torchvision's Inception v3 weights."""
+    hub = tmp_path_factory.mktemp("torch_home") / "hub"
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(hub))
+    model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
+    target = cached_weights_file("inception_v3")
+    target.parent.mkdir(parents=True)
+    torch.save(model.state_dict(), target)
+    yield {"dir": hub, "state": model.state_dict()}
+    torch.hub.set_dir(previous)
+
+
+@pytest.mark.parametrize("name", ["inception_v3", "resnet18", "mobilenet_v3_small", "squeezenet1_0", "googlenet"])
+def test_scratch_models_output_the_dataset_classes(name):
+    built = build_model(name, num_classes=7, weights=None)
+    size = 75 if name == "inception_v3" else 64
+    out = built.model.eval()(torch.rand(2, 3, size, size))
+    assert out.shape == (2, 7)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v3_small", "squeezenet1_0", "efficientnet_b0"])
+def test_head_replacement_is_generic(tmp_path, name):
+    """Load 1000-class weights from a file, get a 7-class model whose body kept the weights."""
+    source = torchvision.models.get_model(name, weights=None)
+    path = tmp_path / "w.pt"
+    torch.save(source.state_dict(), path)
+    built = build_model(name, num_classes=7, weights=str(path))
+    assert built.model.eval()(torch.rand(1, 3, 64, 64)).shape == (1, 7)
+    kept = [k for k, v in built.model.state_dict().items() if k in source.state_dict() and v.shape == source.state_dict()[k].shape]
+    assert all(torch.equal(built.model.state_dict()[k], source.state_dict()[k]) for k in kept)
+    assert len(kept) >= len(source.state_dict()) - 2  # only the head's weight and bias differ
+
+
+def test_inception_finetune_drops_aux_and_sets_transform_input(fake_hub):
+    built = build_model("inception_v3", num_classes=200, weights="imagenet")
+    model = built.model
+    assert model.fc.out_features == 200 and model.AuxLogits is None and model.aux_logits is False
+    assert model.transform_input is True  # Google's weights expect [-1, 1] inputs
+    assert torch.equal(model.Conv2d_1a_3x3.conv.weight, fake_hub["state"]["Conv2d_1a_3x3.conv.weight"])
+    assert built.source_classes[0] == "tench" and len(built.source_classes) == 1000
+    model.train()
+    assert model(torch.rand(2, 3, 75, 75)).shape == (2, 200)  # a plain tensor: no aux output
+
+
+def test_inception_keeps_aux_head_when_weighted(fake_hub):
+    model = build_model("inception_v3", num_classes=10, weights="imagenet", aux_loss_weight=0.4).model
+    assert model.AuxLogits is not None and model.AuxLogits.fc.out_features == 10
+    out = model.train()(torch.rand(2, 3, 299, 299))  # the aux head needs 299 px
+    assert out.logits.shape == (2, 10) and out.aux_logits.shape == (2, 10)
+
+
+def test_missing_weights_say_which_file_goes_where(tmp_path, monkeypatch):
+    torch.hub.set_dir(str(tmp_path / "empty_hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    try:
+        with pytest.raises(UserError) as err:
+            build_model("inception_v3", num_classes=10, weights="imagenet")
+    finally:
+        torch.hub.set_dir(str(tmp_path / "unused"))
+    message = str(err.value)
+    assert "inception_v3_google-0cc3c7bd.pth" in message and "0cc3c7bd" in message
+    assert str(tmp_path / "empty_hub" / "checkpoints") in message and "\n" not in message
+
+
+def test_imagenet_if_cached_falls_back_to_scratch(tmp_path):
+    torch.hub.set_dir(str(tmp_path / "empty_hub"))
+    built = build_model("inception_v3", num_classes=10, weights="imagenet_if_cached")
+    assert built.pretrained is None and built.model.fc.out_features == 10
+
+
+def test_rebuild_from_spec_round_trips_weights():
+    built = build_model("inception_v3", num_classes=4, weights=None)
+    spec = ModelSpec("inception_v3", 4, ["a", "b", "c", "d"], arch_kwargs=built.arch_kwargs)
+    again = rebuild_model(ModelSpec.from_dict(spec.to_dict()))
+    again.load_state_dict(built.model.state_dict())
+    x = torch.rand(1, 3, 75, 75)
+    assert torch.allclose(again.eval()(x), built.model.eval()(x))
+
+
+def test_pretrained_spec_follows_the_weights_metadata():
+    spec = pretrained_spec("inception_v3")
+    assert (spec.crop_size, spec.resize_size, spec.interpolation) == (299, 342, "bilinear")
+    assert spec.num_classes == 1000 and spec.class_names[1] == "goldfish"
+
+
+def test_unknown_model_is_a_clear_error():
+    with pytest.raises(UserError, match="unknown model"):
+        build_model("inception_v9", num_classes=3)
+    assert "inception_v3" in available_models()

@@ -1,0 +1,79 @@
+"""Recipes are data: every shipped file loads, the guide's values are exact, bad keys are clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from inceptionlab.config import RECIPES_DIR, list_recipes, load_recipe
+from inceptionlab.errors import UserError
+
+ALL_RECIPES = sorted(p.relative_to(RECIPES_DIR).with_suffix("").as_posix() for p in RECIPES_DIR.rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", ALL_RECIPES)
+def test_every_shipped_recipe_loads(name):
+    recipe = load_recipe(name)
+    assert recipe.name == name, "a recipe's name must match its path (runs are filed under it)"
+    assert recipe.description
+
+
+def test_tiny_imagenet_recipe_holds_the_guides_values():
+    r = load_recipe("inception_v3/tiny_imagenet")
+    assert (r.model.name, r.model.weights, r.model.num_classes, r.model.aux_loss_weight) == (
+        "inception_v3", "imagenet", None, None)
+    assert (r.optim.name, r.optim.lr, r.optim.momentum, r.optim.weight_decay) == ("sgd", 0.1, 0.9, 1e-4)
+    assert (r.schedule.name, r.schedule.step_size, r.schedule.gamma, r.schedule.warmup_epochs) == ("steplr", 30, 0.1, 0)
+    assert (r.train.epochs, r.train.batch_size, r.train.precision, r.train.label_smoothing) == (90, 32, "fp32", 0.0)
+    assert (r.data.train_crop_size, r.data.val_resize_size, r.data.val_crop_size) == (299, 342, 299)
+    assert r.data.interpolation == "bilinear"
+    assert r.data.mean == [0.485, 0.456, 0.406] and r.data.std == [0.229, 0.224, 0.225]
+    assert r.data.train_crop_scale == [0.08, 1.0]  # RandomResizedCrop's default, as in the guide
+    assert r.data.hflip is False
+
+
+def test_base_inheritance_and_overrides(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {RECIPES_DIR / 'inception_v3' / 'tiny_imagenet.yaml'}\nname: mine\ntrain:\n  epochs: 3\n")
+    r = load_recipe(child, ["optim.lr=0.01", "model.weights=null", "train.precision=bf16"])
+    assert r.name == "mine" and r.train.epochs == 3 and r.train.batch_size == 32  # inherited
+    assert r.optim.lr == 0.01 and r.model.weights is None and r.train.precision == "bf16"
+
+
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("train.epoch=3", "train.epoch"),  # typo: unknown key
+        ("optim.lr=fast", "optim.lr"),  # wrong type
+        ("train.precision=fp8", "train.precision"),  # not a choice
+        ("data.val_resize_size=100", "val_resize_size"),  # smaller than the crop
+        ("train.epochs", "key=value"),  # malformed
+    ],
+)
+def test_bad_override_is_a_clear_error(override, words):
+    with pytest.raises(UserError) as err:
+        load_recipe("inception_v3/tiny_imagenet", [override])
+    assert words in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_unknown_key_in_file_names_file_and_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\noptim:\n  learning_rate: 0.1\n")
+    with pytest.raises(UserError) as err:
+        load_recipe(bad)
+    assert str(bad) in str(err.value) and "optim.learning_rate" in str(err.value)
+
+
+def test_base_loop_is_an_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(UserError, match="loops"):
+        load_recipe(tmp_path / "a.yaml")
+
+
+def test_cli_lists_and_shows_recipes(cli):
+    listed = cli("recipes")
+    assert listed.code == 0 and "inception_v3/tiny_imagenet" in listed.out
+    shown = cli("recipes", "--show", "inception_v3/tiny_imagenet")
+    assert shown.code == 0 and "lr: 0.1" in shown.out and "step_size: 30" in shown.out
+    assert {n for n, _ in list_recipes()} == set(ALL_RECIPES)
