@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import stat
+import tempfile
 import threading
 import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,32 +74,51 @@ def expected_after_regroup(original: dict, annotations: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pristine_real(tmp_path_factory) -> Path:
+def scratch(tmp_path_factory):
+    """Room for the real-data trees: RAM-backed /dev/shm where there is one, else pytest's tmp dir.
+
+    Creating and deleting 14,000 small files can take a minute on a busy virtual disk; in RAM it
+    takes a fraction of a second. Removed at the end of the module either way.
+    """
+    shm = Path("/dev/shm")
+    use_shm = shm.is_dir() and os.access(shm, os.W_OK)
+    if use_shm:
+        base = Path(tempfile.mkdtemp(prefix="inceptionlab-tiny-", dir=shm))
+    else:
+        base = tmp_path_factory.mktemp("real")
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pristine_real(scratch) -> Path:
     """One writable copy of the real (read-only) data set, made once for this module."""
-    source = shared_data(DIRNAME)
-    dataset = tmp_path_factory.mktemp("pristine") / DIRNAME
-    shutil.copytree(source, dataset, copy_function=shutil.copyfile)
+    dataset = scratch / "pristine" / DIRNAME
+    shutil.copytree(shared_data(DIRNAME), dataset, copy_function=shutil.copyfile)
     for folder, _, _ in os.walk(dataset):
         os.chmod(folder, 0o755)  # copytree copied the source folders' read-only mode
     return dataset
 
 
 @pytest.fixture
-def real_dataset(pristine_real, tmp_path) -> Path:
-    """tmp_path/tiny-imagenet-200 in the original layout, as hard links to the pristine copy.
+def real_dataset(pristine_real, scratch):
+    """A fresh ROOT/tiny-imagenet-200 in the original layout, as hard links to the pristine copy.
 
-    Linking is much cheaper than copying 14,000 files, and safe: prepare only renames files, and a
-    rename in this tree leaves the pristine tree's names untouched.
+    Linking is cheaper than copying and safe: prepare only renames files, and a rename in this
+    tree leaves the pristine tree's names untouched.
     """
-    dataset = tmp_path / DIRNAME
+    root = Path(tempfile.mkdtemp(dir=scratch))
+    dataset = root / DIRNAME
     shutil.copytree(pristine_real, dataset, copy_function=os.link)
-    return dataset
+    yield dataset
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def assert_same_bytes_as_source(dataset: Path, names: list[str]) -> None:
     """Spot-check content against the shared originals (identities() already proves no copies)."""
     source = shared_data(DIRNAME)
-    wnid_of = dict(line.split("\t")[:2] for line in (source / "val" / "val_annotations.txt").read_text().splitlines())
+    annotations = (source / "val" / "val_annotations.txt").read_text().splitlines()
+    wnid_of = dict(line.split("\t")[:2] for line in annotations)
     for name in names:
         assert sha(dataset / "val" / wnid_of[name] / "images" / name) == sha(source / "val" / "images" / name)
 
@@ -169,11 +189,11 @@ def crash_after(monkeypatch, calls: int) -> None:
 # --- real data ---------------------------------------------------------------------------------
 
 
-def test_real_data_prepare_then_rerun_is_a_noop(real_dataset, tmp_path):
+def test_real_data_prepare_then_rerun_is_a_noop(real_dataset):
     dataset = real_dataset
     original = identities(dataset)
 
-    report = ti.prepare_tiny_imagenet(tmp_path, progress=False)
+    report = ti.prepare_tiny_imagenet(dataset.parent, progress=False)
 
     assert report.dataset == dataset
     assert report.moved == 10_000 and report.classes == 200
@@ -207,17 +227,17 @@ def test_real_class_names_come_from_words_txt():
     assert ti.read_class_names(dataset, full=True)["n01443537"] == "goldfish, Carassius auratus"
 
 
-def test_real_data_regroup_survives_a_crash(real_dataset, tmp_path, monkeypatch):
+def test_real_data_regroup_survives_a_crash(real_dataset, monkeypatch):
     dataset = real_dataset
     expected = expected_after_regroup(identities(dataset), dataset / "val" / "val_annotations.txt")
 
     with monkeypatch.context() as m:
         crash_after(m, 3_000)
         with pytest.raises(Crash):
-            ti.prepare_tiny_imagenet(tmp_path, progress=False)
+            ti.prepare_tiny_imagenet(dataset.parent, progress=False)
     assert len(list((dataset / "val" / "images").iterdir())) == 7_000  # really cut off midway
 
-    report = ti.prepare_tiny_imagenet(tmp_path, progress=False)
+    report = ti.prepare_tiny_imagenet(dataset.parent, progress=False)
 
     assert report.moved == 7_000 and report.val == ti.SplitCounts(10_000, 50, 50)
     after = identities(dataset)
@@ -226,8 +246,8 @@ def test_real_data_regroup_survives_a_crash(real_dataset, tmp_path, monkeypatch)
     assert_same_bytes_as_source(dataset, ["val_0.JPEG", "val_2999.JPEG", "val_3000.JPEG", "val_9999.JPEG"])
 
 
-def test_cli_json_on_real_data(real_dataset, tmp_path, cli):
-    result = cli("data", "tiny-imagenet", "--root", tmp_path, "--json")
+def test_cli_json_on_real_data(real_dataset, cli):
+    result = cli("data", "tiny-imagenet", "--root", real_dataset.parent, "--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert report["classes"] == 200

@@ -54,3 +54,7 @@ def format_report(report) -> str:
         f"  this run: {'downloaded the zip, ' if report.downloaded else ''}"
         f"extracted {report.extracted} files, moved {report.moved} val images",
     ])
+
+
+def register(root: typer.Typer) -> None:
+    """Nothing to do: the CLI mounts `app` itself as `inceptionlab data`."""

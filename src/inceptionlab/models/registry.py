@@ -42,7 +42,12 @@ def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[.
     return add
 
 
+def _load_own_models() -> None:
+    import inceptionlab.models.small  # noqa: F401  (registers on import)
+
+
 def available_models() -> list[str]:
+    _load_own_models()
     return sorted(set(list_models(module=torchvision.models)) | set(_OWN_MODELS))
 
 
