@@ -52,7 +52,7 @@ def train(
         outcome = fit(loaded, out, resume, progress=progress)
     finally:
         shutdown_distributed()
-    if as_json:
+    if as_json and outcome.summary:  # rank 0 only under torchrun
         print(json.dumps(outcome.summary, default=str))
     elif outcome.summary:
         best = outcome.summary.get("best") or {}

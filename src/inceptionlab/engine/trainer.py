@@ -295,7 +295,8 @@ def _epoch_row(epoch: int, s: Session, result: EpochResult, val: dict[str, Any],
         "images_per_s": result.samples * s.dist.world_size / max(result.seconds, 1e-9),
         "epoch_seconds": result.seconds,
         "val_seconds": val["seconds"],
-        "samples": result.samples * s.dist.world_size,
+        "samples": result.samples * s.dist.world_size,  # padded shards repeat a few train samples
+        "val_samples": val["samples"],  # unpadded shards: every val image exactly once
     }
 
 

@@ -1,0 +1,112 @@
+"""`inceptionlab evaluate` on runs and on pretrained models, and training on real tiny-imagenet files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import torchvision
+from conftest import FAST, shared_data
+
+from inceptionlab.config import load_recipe
+from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+from inceptionlab.engine.trainer import fit
+from inceptionlab.models.registry import cached_weights_file
+
+
+@pytest.fixture(scope="module")
+def run_and_data(tmp_path_factory):
+    from conftest import make_image_folder
+
+    root = tmp_path_factory.mktemp("evaluate")
+    data = make_image_folder(root / "data")
+    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "model.name=resnet18"])
+    return fit(recipe, root / "runs", progress=False).run_dir, data
+
+
+def test_evaluate_json_has_the_promised_keys(run_and_data, cli):
+    run_dir, _ = run_and_data
+    result = cli("evaluate", run_dir, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert {"loss", "top1", "top5", "per_class"} <= set(report)
+    assert 0 <= report["top1"] <= report["top5"] <= 1
+    assert set(report["per_class"]) == {"cat", "dog", "fox"} and report["samples"] == 9
+    for key in ("confusion_csv", "confusion_png", "json"):
+        assert (run_dir / "eval").exists() and report["files"][key]
+    rows = (run_dir / "eval" / "confusion.csv").read_text().splitlines()
+    assert rows[0].split(",")[1:] == ["cat", "dog", "fox"]
+    assert sum(int(v) for row in rows[1:] for v in row.split(",")[1:]) == 9
+    # The same numbers the training run recorded for its last epoch (model.pt is the final model).
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert report["top1"] == pytest.approx(summary["last"]["top1"])
+    assert report["loss"] == pytest.approx(summary["last"]["loss"], rel=1e-4)
+
+
+def test_evaluate_table(run_and_data, cli):
+    run_dir, _ = run_and_data
+    result = cli("evaluate", run_dir)
+    assert result.code == 0 and "accuracy" in result.out and "top-5" in result.out
+    assert all(name in result.out for name in ("cat", "dog", "fox"))
+
+
+def test_evaluate_needs_a_run_or_a_model(cli):
+    result = cli("evaluate")
+    assert result.code == 2 and "RUN_DIR or --model" in result.err
+
+
+@pytest.fixture(scope="module")
+def tiny_imagenet(tmp_path_factory):
+    """A prepared copy of the real tiny-imagenet-200 files (train subset + all val), classes regrouped."""
+    source = shared_data("tiny-imagenet-200")
+    root = tmp_path_factory.mktemp("tin") / "tiny-imagenet-200"
+    shutil.copytree(source, root, copy_function=shutil.copy)
+    prepare_tiny_imagenet(root, progress=False)
+    return root
+
+
+def test_finetune_recipe_on_real_tiny_imagenet_files(tiny_imagenet, tmp_path, cli):
+    sets = ["model.weights=null", "data.train_crop_size=75", "data.val_resize_size=86", "data.val_crop_size=75",
+            "data.num_workers=0", "data.max_train_samples=64", "data.max_val_samples=40", "train.batch_size=16",
+            "train.epochs=1"]
+    result = cli("train", "inception_v3/tiny_imagenet", "--data", tiny_imagenet, "--out", tmp_path / "runs",
+                 "--no-progress", "--json", *[x for s in sets for x in ("--set", s)])
+    assert result.code == 0, result.err
+    summary = json.loads(result.out.strip().splitlines()[-1])
+    spec = json.loads((tmp_path / "runs" / "inception_v3" / "tiny_imagenet").glob("*/spec.json").__next__().read_text())
+    assert spec["num_classes"] == 200 and spec["class_names"][0] == "n01443537"
+    assert spec["class_labels"][0] == "goldfish"  # human names from words.txt
+    assert len(summary["last"]["per_class"]) == 200
+    assert (tmp_path / "runs").exists()
+
+
+def test_unprepared_tiny_imagenet_says_what_to_run(tmp_path, cli):
+    source = shared_data("tiny-imagenet-200")
+    root = tmp_path / "tiny-imagenet-200"
+    (root / "val").mkdir(parents=True)
+    (root / "val" / "images").mkdir()
+    shutil.copy(source / "wnids.txt", root)
+    result = cli("train", "inception_v3/tiny_imagenet", "--data", root, "--set", "model.weights=null")
+    assert result.code == 2 and "inceptionlab data tiny-imagenet" in result.err
+
+
+def test_pretrained_model_on_wnid_folders(tiny_imagenet, tmp_path, cli):
+    """--model NAME maps tiny-imagenet's wnid folders onto ImageNet's 1000 outputs."""
+    hub = tmp_path / "hub"
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(hub))
+    try:
+        target = cached_weights_file("resnet18")
+        target.parent.mkdir(parents=True)
+        torch.save(torchvision.models.resnet18(weights=None).state_dict(), target)
+        subset = tmp_path / "val"
+        for wnid in sorted(p.name for p in (tiny_imagenet / "val").iterdir() if p.is_dir())[:3]:
+            shutil.copytree(tiny_imagenet / "val" / wnid, subset / wnid)
+        result = cli("evaluate", "--model", "resnet18", "--data", subset, "--json", "--out", tmp_path / "eval")
+    finally:
+        torch.hub.set_dir(previous)
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["samples"] == 150 and set(report["per_class"]) == {"goldfish", "European fire salamander", "bullfrog"}

@@ -1,0 +1,121 @@
+"""`inceptionlab predict`: pretrained models from the hub cache, trained runs, and bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from conftest import FAST, shared_data
+from PIL import Image
+
+from inceptionlab.config import load_recipe
+from inceptionlab.engine.trainer import fit
+from inceptionlab.models.registry import cached_weights_file
+
+
+@pytest.fixture(scope="module")
+def hub_with_inception(tmp_path_factory):
+    """A torch hub cache holding a file named like torchvision's Inception v3 weights (random values)."""
+    hub = tmp_path_factory.mktemp("torch_home") / "hub"
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(hub))
+    model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
+    target = cached_weights_file("inception_v3")
+    target.parent.mkdir(parents=True)
+    torch.save(model.state_dict(), target)
+    yield hub
+    torch.hub.set_dir(previous)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from conftest import make_image_folder
+
+    root = tmp_path_factory.mktemp("predict")
+    data = make_image_folder(root / "data")
+    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "train.epochs=1", "model.name=resnet18"])
+    return fit(recipe, root / "runs", progress=False).run_dir, data
+
+
+def parse_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.strip().splitlines()]
+
+
+def test_pretrained_top5_json_on_the_guides_dog(hub_with_inception, cli):
+    dog = shared_data("imagenet-sample") / "images" / "dog.jpg"
+    result = cli("predict", dog, "--json")
+    assert result.code == 0, result.err
+    [row] = parse_lines(result.out)
+    assert row["file"] == str(dog) and len(row["topk"]) == 5
+    probs = [t["prob"] for t in row["topk"]]
+    assert probs == sorted(probs, reverse=True) and all(0 <= p <= 1 for p in probs)
+    names = torchvision.models.Inception_V3_Weights.IMAGENET1K_V1.meta["categories"]
+    assert all(names[t["index"]] == t["label"] for t in row["topk"])  # labels come with the weights
+
+
+def test_pretrained_table_over_a_directory(hub_with_inception, cli):
+    images = shared_data("imagenet-sample") / "images"
+    result = cli("predict", images, "--topk", "3", "--batch-size", "2")
+    assert result.code == 0, result.err
+    for name in ("dog.jpg", "cat.jpg", "eagle.jpg"):
+        assert name in result.out
+    assert result.out.count("(class ") == 3 * len(list(images.glob("*.jpg")))
+
+
+def test_missing_weights_is_one_line_not_a_traceback(tmp_path, cli, monkeypatch):
+    torch.hub.set_dir(str(tmp_path / "empty"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
+    result = cli("predict", tmp_path, "--model", "inception_v3")
+    assert result.code == 2
+    assert "inception_v3_google-0cc3c7bd.pth" in result.err and "Traceback" not in result.err
+    assert len(result.err.strip().splitlines()) == 1
+
+
+def make_bad_inputs(folder):
+    """Every awkward input the issue lists; returns {file name: should it succeed?}."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 255, (60, 50, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(folder / "good.jpg")
+    Image.fromarray(rgb[..., 0]).save(folder / "gray.png")
+    Image.fromarray(np.dstack([rgb, np.full((60, 50), 128, np.uint8)])).save(folder / "rgba.png")
+    Image.fromarray(rgb).convert("P").save(folder / "palette.png")
+    Image.fromarray(rgb).convert("CMYK").save(folder / "cmyk.jpg")
+    Image.fromarray((rgb[..., 0].astype(np.uint16) * 257)).save(folder / "sixteen.png")
+    Image.fromarray(rng.integers(0, 255, (3000, 2500, 3), dtype=np.uint8)).save(folder / "huge.jpg", quality=50)
+    good = (folder / "good.jpg").read_bytes()
+    (folder / "truncated.jpg").write_bytes(good[: len(good) // 2])
+    (folder / "notes.jpg").write_text("this is not an image")
+    return {"good.jpg": True, "gray.png": True, "rgba.png": True, "palette.png": True, "cmyk.jpg": True,
+            "sixteen.png": True, "huge.jpg": True, "truncated.jpg": False, "notes.jpg": False}
+
+
+def test_bad_inputs_each_get_one_line_and_good_ones_are_classified(trained_run, tmp_path, cli):
+    run_dir, _ = trained_run
+    expected = make_bad_inputs(tmp_path / "inputs")
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    result = cli("predict", "--run", run_dir, tmp_path / "inputs", tmp_path / "missing.jpg", empty, "--json")
+    assert result.code == 1, "any failed input makes the exit status non-zero"
+    rows = {r["file"]: r for r in parse_lines(result.out)}
+    for name, ok in expected.items():
+        row = rows[str(tmp_path / "inputs" / name)]
+        assert ("topk" in row) is ok, (name, row)
+        if not ok:
+            assert name in row["error"] and "\n" not in row["error"]
+        else:
+            assert {t["label"] for t in row["topk"]} <= {"cat", "dog", "fox"}
+    assert "error" in rows[str(tmp_path / "missing.jpg")]
+    assert "no images" in rows[str(empty)]["error"]
+
+
+def test_run_prediction_uses_the_runs_classes_and_preprocessing(trained_run, cli):
+    run_dir, data = trained_run
+    result = cli("predict", "--run", run_dir, data / "val", "--json", "--topk", "2")
+    assert result.code == 0, result.err
+    rows = parse_lines(result.out)
+    assert len(rows) == 9 and all(len(r["topk"]) == 2 for r in rows)
+    assert {t["label"] for r in rows for t in r["topk"]} <= {"cat", "dog", "fox"}
