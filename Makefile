@@ -25,5 +25,9 @@ test: setup
 bench: setup
 	$(PY) benchmarks/train_throughput.py
 
+lint: setup
+	$(PY) -m pip install -q ruff
+	$(PY) -m ruff check --select F,E9,B --ignore B905,B008 --line-length 120 src tests benchmarks
+
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -6,7 +6,6 @@ padded (see `EpochSampler`), so every sample counts exactly once.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -56,7 +55,3 @@ def per_class_accuracy(confusion: torch.Tensor) -> list[float | None]:
     totals = confusion.sum(dim=1)
     correct = confusion.diag()
     return [None if int(t) == 0 else float(c) / float(t) for c, t in zip(correct, totals)]
-
-
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)

@@ -39,7 +39,7 @@ def demo(
     model, spec = load_run_model(outcome.run_dir)
     predictor = Predictor(model, spec, resolve_device(recipe.train.device))
     test_files = _one_per_class(Path(recipe.data.root) / "test", samples)
-    print(f"\nheld-out test images (never seen in training):")
+    print("\nheld-out test images (never seen in training):")
     right = 0
     for result in predictor.predict_files(test_files, topk=1):
         truth = Path(result["file"]).parent.name
