@@ -53,10 +53,28 @@ class ModelConfig:
         _check_positive("model.aux_loss_weight", self.aux_loss_weight, allow_zero=True)
 
 
+LOADERS = ("auto", "resident", "workers")
+
+
+@dataclass
+class TextConfig:
+    max_tokens: int = 10_000  # vocabulary budget: padding + out-of-vocabulary + the most frequent tokens
+    sequence_length: int = 250  # pad / truncate every text to this many tokens
+
+    def __post_init__(self) -> None:
+        _check_positive("data.text.max_tokens", self.max_tokens)
+        _check_positive("data.text.sequence_length", self.sequence_length)
+
+
 @dataclass
 class DataConfig:
-    reader: str = "imagefolder"  # dataset reader: imagefolder | tiny_imagenet | digits | ...
+    reader: str = "imagefolder"  # imagefolder | tiny_imagenet | digits | cifar10 | fashion_mnist | mnist | imdb
     root: Optional[str] = None  # dataset folder; `--data DIR` sets it
+    download: bool = True  # readers of public datasets fetch (with checksums) into root when files are missing
+    loader: str = "auto"  # auto: in-memory datasets stay on the device (resident); files use worker processes
+    val_fraction: Optional[float] = None  # carve validation out of train (IMDB: 0.2), else the val/test split
+    split_seed: int = 42  # seed of that carve-out (the guide's seed=42)
+    text: TextConfig = field(default_factory=TextConfig)
     train_split: str = "train"
     val_split: str = "val"
     train_crop_size: int = 299  # RandomResizedCrop output, px
@@ -73,6 +91,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check_choice("data.interpolation", self.interpolation, INTERPOLATIONS)
+        _check_choice("data.loader", self.loader, LOADERS)
+        if self.val_fraction is not None and not 0 < self.val_fraction < 1:
+            raise ValueError(f"data.val_fraction={self.val_fraction} must be in (0, 1)")
         for name in ("train_crop_size", "val_resize_size", "val_crop_size"):
             _check_positive(f"data.{name}", getattr(self, name))
         if self.val_resize_size < self.val_crop_size:

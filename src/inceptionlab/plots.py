@@ -94,3 +94,51 @@ def plot_run(run_dir: Path) -> list[Path]:
         plot_confusion(run_dir / "confusion.csv", run_dir / "plots" / "confusion.png"),
     ]
     return [p for p in made if p is not None]
+
+
+def _as_display(image) -> np.ndarray:
+    """uint8 CHW tensor -> HWC (or HW for one channel) numpy array for imshow."""
+    array = np.asarray(image)
+    return array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)
+
+
+def plot_samples(images, labels: list[str], path: Path) -> Path:
+    """A grid of training images (uint8 CHW) with their labels (the CIFAR-10 case study's image grid)."""
+    n = len(images)
+    cols = min(8, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.4, rows * 1.6), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, image, label in zip(axes.flat, images, labels):
+        ax.imshow(_as_display(image), cmap="gray" if image.shape[0] == 1 else None)
+        ax.set_title(label, fontsize=7)
+    return _save(fig, path)
+
+
+def plot_predictions(images, probs, targets, labels: list[str], path: Path) -> Path:
+    """The Fashion-MNIST case study's figure: each image with 'predicted confidence (true)' in blue
+    when right and red when wrong, beside a bar chart of its class probabilities."""
+    n = len(images)
+    cols = 3
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, 2 * cols, figsize=(2 * cols * 1.6, rows * 1.7), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for i in range(n):
+        row, col = divmod(i, cols)
+        image_ax, bar_ax = axes[row, 2 * col], axes[row, 2 * col + 1]
+        predicted, truth = int(probs[i].argmax()), int(targets[i])
+        colour = "tab:blue" if predicted == truth else "tab:red"
+        image_ax.imshow(_as_display(images[i]), cmap="binary" if images[i].shape[0] == 1 else None)
+        image_ax.set_title(f"{labels[predicted]} {100 * float(probs[i][predicted]):.0f}% ({labels[truth]})",
+                           fontsize=7, color=colour)
+        bar_ax.axis("on")
+        bars = bar_ax.bar(range(len(probs[i])), probs[i].numpy(), color="#777777")
+        bars[predicted].set_color("tab:red")
+        bars[truth].set_color("tab:blue")
+        bar_ax.set_ylim(0, 1)
+        bar_ax.set_xticks([])
+        bar_ax.set_yticks([])
+    fig.tight_layout()
+    return _save(fig, path)

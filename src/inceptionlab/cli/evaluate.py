@@ -64,7 +64,8 @@ def _print_table(report: dict) -> None:
     print(f"{'class':<{width}}  {'n':>5}  accuracy")
     for label, acc in sorted(per_class.items(), key=lambda kv: (kv[1] is None, kv[1])):
         print(f"{label:<{width}}  {counts[label]:>5}  {'-' if acc is None else f'{acc:.3f}'}")
-    print(f"\n{report['samples']} images  loss {report['loss']:.4f}  top-1 {report['top1']:.4f}  top-5 {report['top5']:.4f}")
+    top5 = f"  top-5 {report['top5']:.4f}" if "top5" in report else ""
+    print(f"\n{report['samples']} samples  loss {report['loss']:.4f}  top-1 {report['top1']:.4f}{top5}")
 
 
 def register(root: typer.Typer) -> None:

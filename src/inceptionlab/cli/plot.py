@@ -17,6 +17,10 @@ def plot(run: Path = typer.Argument(..., help="A run directory.")) -> None:
 
     for path in plot_run(RunDir.open(run).path):
         print(path)
+    from inceptionlab.bench_plots import plot_bench_run  # bench/results.jsonl -> plots/bench_*.png
+
+    for path in plot_bench_run(RunDir.open(run).path):
+        print(path)
 
 
 def register(root: typer.Typer) -> None:

@@ -8,11 +8,14 @@ from typing import List, Optional
 
 import typer
 
+from inceptionlab.errors import UserError
 
 
 
 def predict(
-    inputs: List[Path] = typer.Argument(..., help="Image files and/or folders of images."),
+    inputs: List[Path] = typer.Argument(None, help="Image files and/or folders of images."),
+    text: List[str] = typer.Option([], "--text", help="A text to classify with a text run (repeatable)."),
+    text_file: List[Path] = typer.Option([], "--text-file", help="A file of texts, one per line (repeatable)."),
     model: str = typer.Option("inception_v3", "--model", help="torchvision classification model name."),
     weights: str = typer.Option("imagenet", "--weights", help="'imagenet' (torch hub cache) or a state_dict file."),
     run: Optional[Path] = typer.Option(None, "--run", help="Predict with a trained run directory instead."),
@@ -30,9 +33,16 @@ def predict(
       inceptionlab predict photos/ --json > preds.jsonl
 
       inceptionlab predict val/ --run runs/inception_v3/tiny_imagenet/20261122-101500
+
+      inceptionlab predict --run runs/imdb/text_classifier/20261122-101500 --text "The movie was great!"
     """
     from inceptionlab.infer.predict import Predictor, load_pretrained_model, load_run_model, resolve_device
 
+    if text or text_file:
+        _predict_texts(run, text, text_file, device, as_json)
+        return
+    if not inputs:
+        raise UserError("give image files or folders, or --text / --text-file with a text run")
     net, spec = load_run_model(run) if run is not None else load_pretrained_model(model, weights)
     predictor = Predictor(net, spec, resolve_device(device))
     failures = 0
@@ -43,6 +53,21 @@ def predict(
         if not as_json:
             typer.echo(f"{failures} input(s) failed", err=True)
         raise typer.Exit(1)
+
+
+def _predict_texts(run: Optional[Path], texts: List[str], files: List[Path], device: str, as_json: bool) -> None:
+    from inceptionlab.infer.predict import resolve_device
+    from inceptionlab.infer.text import TextPredictor, read_text_inputs
+
+    if run is None:
+        raise UserError("--text needs --run RUN_DIR of a text model (e.g. one trained with imdb/text_classifier)")
+    predictor = TextPredictor.from_run(run, resolve_device(device))
+    for result in predictor.predict(read_text_inputs(texts, files)):
+        if as_json:
+            print(json.dumps(result))
+        else:
+            shown = result["text"] if len(result["text"]) <= 70 else result["text"][:67] + "..."
+            print(f"{result['label']:<8} P(positive)={result['probability']:.3f}  {shown}")
 
 
 def _format(result: dict) -> str:

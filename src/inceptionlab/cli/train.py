@@ -56,8 +56,11 @@ def train(
         print(json.dumps(outcome.summary, default=str))
     elif outcome.summary:
         best = outcome.summary.get("best") or {}
-        print(f"{outcome.status}: best {outcome.summary['best_metric']} at epoch {best.get('epoch')}: "
-              f"top1 {best.get('top1', float('nan')):.4f} top5 {best.get('top5', float('nan')):.4f}")
+        scores = "  ".join(f"{k} {best[k]:.4f}" for k in ("top1", "top5", "loss") if k in best)
+        print(f"{outcome.status}: best {outcome.summary['best_metric']} at epoch {best.get('epoch')}: {scores}")
+        if "test" in outcome.summary:
+            test = outcome.summary["test"]
+            print("test: " + "  ".join(f"{k} {test[k]:.4f}" for k in ("top1", "top5", "loss") if k in test))
         print(f"run directory: {outcome.run_dir}")
     if outcome.status == "interrupted":
         raise typer.Exit(130)

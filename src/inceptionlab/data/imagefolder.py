@@ -80,6 +80,9 @@ class SplitPair:
     class_names: list[str]
     class_labels: list[str] | None = None
     notes: list[str] = field(default_factory=list)
+    test: Any = None  # a held-out split scored once after training, when the dataset has one
+    artifacts: dict[str, Any] = field(default_factory=dict)  # file name -> save(path): saved with the run
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # what the data fixes in the model (vocab size)
 
 
 def check_same_classes(train_root: Path, train_classes: list[str], val_root: Path, val_classes: list[str]) -> None:

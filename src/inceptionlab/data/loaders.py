@@ -13,6 +13,7 @@ from typing import Iterator, Sized
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
+from inceptionlab.data.arrays import ArraySplit
 from inceptionlab.data.imagefolder import collate_skipping_unreadable
 
 
@@ -77,6 +78,45 @@ class SkipTrackingLoader:
         return len(self.loader)
 
 
+class ResidentLoader:
+    """A whole in-memory split on the device, served as shuffled index batches.
+
+    For datasets that fit in memory (CIFAR-10, Fashion-MNIST, tokenised IMDB) this replaces per-sample
+    `__getitem__` calls, collation and worker processes with one gather per batch on the device.
+    Same order and resume semantics as the DataLoader path (`EpochSampler`).
+    """
+
+    def __init__(self, split: ArraySplit, batch_size: int, sampler: EpochSampler, device: torch.device):
+        self.inputs = split.inputs.to(device)
+        self.targets = split.targets.to(device)
+        self.batch_size, self.sampler, self.device = batch_size, sampler, device
+        self.skipped: list[str] = []
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.sampler.set_epoch(epoch, start)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.device)
+        for batch in order.split(self.batch_size):
+            yield self.inputs[batch], self.targets[batch]
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.batch_size)
+
+
+class _ArrayDataset(Dataset):
+    """ArraySplit as a map-style dataset, for the worker-process path (`data.loader=workers`)."""
+
+    def __init__(self, split: ArraySplit):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.split.inputs[index], int(self.split.targets[index])
+
+
 def default_num_workers() -> int:
     return min(8, os.cpu_count() or 1)
 
@@ -88,6 +128,8 @@ def cap_samples(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
         return dataset
     generator = torch.Generator().manual_seed(seed)
     keep = torch.randperm(size, generator=generator)[:limit].sort().values.tolist()
+    if isinstance(dataset, ArraySplit):
+        return ArraySplit(dataset.inputs[keep], dataset.targets[keep], dataset.class_names)
     return Subset(dataset, keep)
 
 
@@ -101,9 +143,16 @@ def make_loader(
     rank: int = 0,
     world_size: int = 1,
     pin_memory: bool = False,
-) -> SkipTrackingLoader:
-    workers = default_num_workers() if num_workers is None else num_workers
+    device: torch.device | None = None,
+    mode: str = "auto",
+) -> SkipTrackingLoader | ResidentLoader:
+    """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise."""
     sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
+    if isinstance(dataset, ArraySplit):
+        if mode in ("auto", "resident"):
+            return ResidentLoader(dataset, batch_size, sampler, device or torch.device("cpu"))
+        dataset = _ArrayDataset(dataset)
+    workers = default_num_workers() if num_workers is None else num_workers
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         dataset,  # type: ignore[arg-type]

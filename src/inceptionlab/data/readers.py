@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from inceptionlab.config import DataConfig
+from inceptionlab.data.arrays import ArraySplit
 from inceptionlab.data.imagefolder import RobustImageFolder, SplitPair, image_folder_splits
 from inceptionlab.errors import UserError
 
@@ -63,11 +66,14 @@ def _reader(cfg: DataConfig) -> ImageReader:
     try:
         return READERS[cfg.reader]
     except KeyError:
-        raise UserError(f"data.reader={cfg.reader!r} is not one of {', '.join(READERS)}") from None
+        known = ", ".join([*READERS, *ARRAY_READERS])
+        raise UserError(f"data.reader={cfg.reader!r} is not one of {known}") from None
 
 
 def read_splits(cfg: DataConfig, train_tf: Any, val_tf: Any) -> SplitPair:
-    """Train and val datasets that agree on their classes."""
+    """Train and val datasets that agree on their classes (plus a test split when the data has one)."""
+    if cfg.reader in ARRAY_READERS:
+        return ARRAY_READERS[cfg.reader](cfg)
     reader = _reader(cfg)
     root = reader.root(cfg)
     splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf)
@@ -76,7 +82,88 @@ def read_splits(cfg: DataConfig, train_tf: Any, val_tf: Any) -> SplitPair:
     return splits
 
 
-def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -> RobustImageFolder:
-    """One split (default: the validation split) for evaluation."""
+def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -> Any:
+    """One split for evaluation: default the validation split; `test` for a dataset's test split."""
+    if cfg.reader in ARRAY_READERS:
+        pair = ARRAY_READERS[cfg.reader](cfg)
+        chosen = {"train": pair.train, "val": pair.val, "test": pair.test or pair.val}
+        if (split or "val") not in chosen:
+            raise UserError(f"--split {split!r}: {cfg.reader} has the splits train, val, test")
+        return chosen[split or "val"]
     root = _reader(cfg).root(cfg)
     return RobustImageFolder(root / (split or cfg.val_split), transform=transform)
+
+
+# --- In-memory datasets: the original files are read into tensors once. ---------------------------
+
+
+def _carve_validation(train: ArraySplit, cfg: DataConfig) -> tuple[ArraySplit, ArraySplit]:
+    """Split `cfg.val_fraction` of train off as validation, with a fixed seed (the guide's 80:20, seed 42)."""
+    generator = torch.Generator().manual_seed(cfg.split_seed)
+    order = torch.randperm(len(train), generator=generator)
+    n_val = int(round(len(train) * (cfg.val_fraction or 0)))
+    val_idx, train_idx = order[:n_val].sort().values, order[n_val:].sort().values
+    pick = lambda idx: ArraySplit(train.inputs[idx], train.targets[idx], train.class_names)  # noqa: E731
+    return pick(train_idx), pick(val_idx)
+
+
+def _array_pair(cfg: DataConfig, train: ArraySplit, test: ArraySplit) -> SplitPair:
+    if cfg.val_fraction:
+        train, val = _carve_validation(train, cfg)
+        return SplitPair(train, val, train.class_names, test=test)
+    return SplitPair(train, test, train.class_names)  # the guide scores on the test split
+
+
+def read_cifar10(cfg: DataConfig) -> SplitPair:
+    from inceptionlab.data.cifar10 import load_cifar10
+
+    root = _data_root(cfg)
+    return _array_pair(cfg, load_cifar10(root, "train", download=cfg.download), load_cifar10(root, "test"))
+
+
+def _read_idx(dataset: str) -> Callable[[DataConfig], SplitPair]:
+    def read(cfg: DataConfig) -> SplitPair:
+        from inceptionlab.data.mnist_idx import load_idx_split
+
+        root = _data_root(cfg)
+        train = load_idx_split(root, "train", dataset=dataset, download=cfg.download)
+        return _array_pair(cfg, train, load_idx_split(root, "test", dataset=dataset))
+
+    return read
+
+
+def read_imdb(cfg: DataConfig) -> SplitPair:
+    """Raw reviews -> token ids; the vocabulary is fitted on the training part only and saved with the run."""
+    from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb_splits
+    from inceptionlab.data.text import TextVectorizer
+
+    root = _data_root(cfg)
+    if cfg.download and not root.exists():
+        root = download_imdb(root)
+    texts = load_imdb_splits(root)
+    labels = {s: torch.tensor(texts[s][1], dtype=torch.long) for s in texts}
+    raw = ArraySplit(torch.arange(len(labels["train"])), labels["train"], list(CLASS_NAMES))
+    train_idx, val_idx = _carve_validation(raw, cfg) if cfg.val_fraction else (raw, None)
+    train_texts = [texts["train"][0][i] for i in train_idx.inputs.tolist()]
+    vectorizer = TextVectorizer.fit(train_texts, max_tokens=cfg.text.max_tokens, seq_len=cfg.text.sequence_length)
+    encode = lambda items: vectorizer.encode(items)  # noqa: E731
+    train = ArraySplit(encode(train_texts), train_idx.targets, list(CLASS_NAMES))
+    test = ArraySplit(encode(texts["test"][0]), labels["test"], list(CLASS_NAMES))
+    if val_idx is None:
+        pair = SplitPair(train, test, list(CLASS_NAMES))
+    else:
+        val = ArraySplit(encode([texts["train"][0][i] for i in val_idx.inputs.tolist()]), val_idx.targets, list(CLASS_NAMES))
+        pair = SplitPair(train, val, list(CLASS_NAMES), test=test)
+    pair.artifacts["tokenizer.json"] = vectorizer.save
+    pair.model_kwargs["vocab_size"] = cfg.text.max_tokens + 1  # Embedding(max_features + 1, ...) as in the guide
+    pair.notes.append(f"vocabulary: {vectorizer.vocab_size} ids (padding 0, out-of-vocabulary 1), "
+                      f"{cfg.text.sequence_length} tokens per review")
+    return pair
+
+
+ARRAY_READERS: dict[str, Callable[[DataConfig], SplitPair]] = {
+    "cifar10": read_cifar10,
+    "fashion_mnist": _read_idx("fashion"),
+    "mnist": _read_idx("mnist"),
+    "imdb": read_imdb,
+}

@@ -27,7 +27,35 @@ class NonFiniteLoss(RuntimeError):
 class Task(Protocol):
     def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor: ...
     def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
-    def meter(self, device: torch.device, confusion: bool = False, validate: bool = True) -> Any: ...
+    def correct(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
+    def meter(self, device: torch.device, confusion: bool = False) -> Any: ...
+
+
+class RunningMeter:
+    """Sample-weighted loss and top-1 kept as device tensors: two tiny ops per step, no host sync.
+
+    (A torchmetrics update costs ~0.1 ms per step: 2 s over Fashion-MNIST's 18,750 steps.)
+    """
+
+    def __init__(self, device: torch.device):
+        self.loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        self.correct = torch.zeros((), device=device, dtype=torch.float64)
+        self.count = 0
+
+    def update(self, loss: torch.Tensor, correct: torch.Tensor, count: int) -> None:
+        self.loss_sum += loss * count
+        self.correct += correct
+        self.count += count
+
+    def compute(self) -> dict[str, float]:
+        sums = torch.stack([self.loss_sum, self.correct, torch.tensor(float(self.count), device=self.loss_sum.device,
+                                                                       dtype=torch.float64)])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(sums)
+        loss_sum, correct, count = sums.tolist()
+        if count == 0:
+            return {"loss": float("nan"), "top1": 0.0}
+        return {"loss": loss_sum / count, "top1": correct / count}
 
 
 @dataclass
@@ -100,7 +128,7 @@ def train_one_epoch(
 ) -> EpochResult:
     """Train over `loader` until it ends or `should_stop()`; the loss is checked every log interval."""
     model.train()
-    meter = task.meter(settings.device, validate=False)
+    meter = RunningMeter(settings.device)
     window_loss = torch.zeros((), device=settings.device)
     steps = samples = 0
     stopped = False
@@ -108,7 +136,7 @@ def train_one_epoch(
     for inputs, targets in loader:
         inputs, targets = settings.to_device(inputs, targets)
         loss, logits = train_step(model, task, optimizer, scaler, settings, inputs, targets)
-        meter.update(logits, targets, loss)
+        meter.update(loss, task.correct(logits, targets), targets.shape[0])
         window_loss += loss
         steps, samples = steps + 1, samples + targets.numel()
         step = first_step + steps
@@ -125,7 +153,7 @@ def train_one_epoch(
             break
     _sync(settings.device)
     seconds = time.perf_counter() - start
-    metrics = meter.compute() if samples else {"loss": float("nan"), "top1": 0.0, "top5": 0.0}
+    metrics = meter.compute()
     if samples and not math.isfinite(metrics["loss"]):
         raise NonFiniteLoss(f"epoch mean loss is {metrics['loss']}")
     return EpochResult(metrics, steps, samples, seconds, stopped)

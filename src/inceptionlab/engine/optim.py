@@ -9,12 +9,18 @@ from torch.optim import lr_scheduler
 
 from inceptionlab.config import OptimConfig, ScheduleConfig
 
-OPTIMIZERS: dict[str, Callable[[Iterable[torch.nn.Parameter], OptimConfig], torch.optim.Optimizer]] = {
-    "sgd": lambda params, c: torch.optim.SGD(
-        params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, nesterov=c.nesterov
+# Fused kernels update every parameter in one call: on the CPU the default per-tensor loop costs
+# ~0.5 ms per step for a 2-layer MLP, more than its forward and backward together.
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": lambda params, c, fused: torch.optim.SGD(
+        params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, nesterov=c.nesterov, fused=fused
     ),
-    "adamw": lambda params, c: torch.optim.AdamW(params, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay),
-    "adam": lambda params, c: torch.optim.Adam(params, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay),
+    "adamw": lambda params, c, fused: torch.optim.AdamW(
+        params, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay, fused=fused
+    ),
+    "adam": lambda params, c, fused: torch.optim.Adam(
+        params, lr=c.lr, betas=tuple(c.betas), weight_decay=c.weight_decay, fused=fused
+    ),
 }
 
 _MAIN_SCHEDULES: dict[str, Callable[[torch.optim.Optimizer, ScheduleConfig, int], lr_scheduler.LRScheduler]] = {
@@ -24,8 +30,13 @@ _MAIN_SCHEDULES: dict[str, Callable[[torch.optim.Optimizer, ScheduleConfig, int]
 }
 
 
+def _can_fuse(params: list[torch.nn.Parameter]) -> bool:
+    return bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+
+
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
-    return OPTIMIZERS[cfg.name](params, cfg)
+    params = [p for p in params if p.requires_grad]
+    return OPTIMIZERS[cfg.name](params, cfg, _can_fuse(params) or None)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, epochs: int) -> lr_scheduler.LRScheduler:

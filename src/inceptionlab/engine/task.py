@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from torch.nn import functional as F
 
 from inceptionlab.metrics import ClassificationMeter
@@ -24,8 +23,14 @@ def split_outputs(output: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return main, [a for a in aux if a is not None]
 
 
+def main_logits(output: Any) -> torch.Tensor:
+    return split_outputs(output)[0]
+
+
 @dataclass
 class MulticlassTask:
+    """Softmax over C classes, cross-entropy; metrics top-1, top-5, per class."""
+
     num_classes: int
     label_smoothing: float = 0.0
     aux_loss_weight: float = 0.4  # Inception v3 paper's weight for the auxiliary classifier
@@ -41,25 +46,63 @@ class MulticlassTask:
         # Validation loss is plain cross-entropy (no smoothing) so runs compare on one scale.
         return F.cross_entropy(logits.float(), targets)
 
+    def correct(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (logits.argmax(dim=1) == targets).sum()
+
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().softmax(dim=-1)
 
-    def meter(self, device: torch.device | str, confusion: bool = False, validate: bool = True) -> ClassificationMeter:
-        return ClassificationMeter(self.num_classes, device, confusion=confusion, validate=validate)
+    def meter(self, device: torch.device | str, confusion: bool = False) -> ClassificationMeter:
+        return ClassificationMeter(self.num_classes, device, confusion=confusion)
 
 
-TASKS = {"multiclass": MulticlassTask}
+def _as_two_class(logits: torch.Tensor) -> torch.Tensor:
+    """One logit z per sample -> logits [0, z]: softmax gives [1 - sigmoid(z), sigmoid(z)]."""
+    z = logits.reshape(-1, 1).float()
+    return torch.cat([torch.zeros_like(z), z], dim=1)
 
 
-def make_task(kind: str, num_classes: int, label_smoothing: float = 0.0, aux_loss_weight: float | None = None) -> MulticlassTask:
-    task = TASKS[kind](num_classes=num_classes, label_smoothing=label_smoothing)
+class BinaryMeter(ClassificationMeter):
+    def __init__(self, device: torch.device | str, confusion: bool = False):
+        super().__init__(2, device, confusion=confusion, topk=None)
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor) -> None:
+        super().update(_as_two_class(logits), targets, loss)
+
+
+@dataclass
+class BinaryTask:
+    """One logit per sample, sigmoid, binary cross-entropy (the IMDB classifier's `from_logits=True`)."""
+
+    num_classes: int = 2
+    label_smoothing: float = 0.0
+
+    def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        logits = main_logits(output).reshape(-1)
+        soft = targets.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
+        return F.binary_cross_entropy_with_logits(logits, soft)
+
+    def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(logits.reshape(-1).float(), targets.float())
+
+    def correct(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return ((logits.reshape(-1) > 0).long() == targets).sum()
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """[P(class 0), P(class 1)] per sample."""
+        return _as_two_class(logits).softmax(dim=-1)
+
+    def meter(self, device: torch.device | str, confusion: bool = False) -> BinaryMeter:
+        return BinaryMeter(device, confusion=confusion)
+
+
+TASKS = {"multiclass": MulticlassTask, "binary": BinaryTask}
+
+
+def make_task(kind: str, num_classes: int, label_smoothing: float = 0.0, aux_loss_weight: float | None = None) -> Any:
+    if kind == "binary":
+        return BinaryTask(label_smoothing=label_smoothing)
+    task = MulticlassTask(num_classes=num_classes, label_smoothing=label_smoothing)
     if aux_loss_weight is not None:
         task.aux_loss_weight = aux_loss_weight
     return task
-
-
-def main_logits(output: Any) -> torch.Tensor:
-    return split_outputs(output)[0]
-
-
-

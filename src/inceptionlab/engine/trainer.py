@@ -178,6 +178,8 @@ class Session:
     val_loader: SkipTrackingLoader
     settings: StepSettings
     notes: list[str] = field(default_factory=list)
+    splits: Any = None
+    test_loader: Any = None
 
 
 def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[Any, SkipTrackingLoader, SkipTrackingLoader]:
@@ -189,15 +191,21 @@ def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[A
     if len(train_set) == 0 or len(val_set) == 0:
         raise UserError(f"{cfg.root}: the train or val split is empty")
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
-                  pin_memory=device.type == "cuda")
+                  pin_memory=device.type == "cuda", device=device, mode=cfg.loader)
     train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, **common)
-    eval_batch = recipe.train.eval_batch_size or 2 * recipe.train.batch_size
-    val_loader = make_loader(val_set, batch_size=eval_batch, train=False, **common)
+    val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)
     return splits, train_loader, val_loader
+
+
+def _eval_batch(recipe: Recipe) -> int:
+    # No activations are kept for backward in evaluation: twice the training batch fits.
+    return recipe.train.eval_batch_size or 2 * recipe.train.batch_size
 
 
 def _make_spec(recipe: Recipe, splits: Any, num_classes: int, arch_kwargs: dict[str, Any]) -> ModelSpec:
     cfg = recipe.data
+    inputs = getattr(splits.train, "inputs", None)
+    tokens = inputs is not None and not inputs.dtype.is_floating_point and inputs.dtype != torch.uint8
     return ModelSpec(
         arch=recipe.model.name,
         num_classes=num_classes,
@@ -210,6 +218,9 @@ def _make_spec(recipe: Recipe, splits: Any, num_classes: int, arch_kwargs: dict[
         mean=list(cfg.mean),
         std=list(cfg.std),
         arch_kwargs=arch_kwargs,
+        input_kind="tokens" if tokens else "image",
+        channels=int(inputs.shape[1]) if inputs is not None and not tokens else 3,
+        tokenizer="tokenizer.json" if "tokenizer.json" in splits.artifacts else None,
     )
 
 
@@ -227,7 +238,7 @@ def build_session(recipe: Recipe) -> Session:
             "set model.num_classes=null to follow the data"
         )
     built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
-                        **recipe.model.kwargs)
+                        **{**recipe.model.kwargs, **splits.model_kwargs})
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
     model = built.model.to(device=device, memory_format=memory_format)
     runner: nn.Module = model
@@ -239,13 +250,23 @@ def build_session(recipe: Recipe) -> Session:
     scheduler = build_scheduler(optimizer, recipe.schedule, recipe.train.epochs)
     scaler = torch.amp.GradScaler(device.type, enabled=recipe.train.precision == "fp16")
     spec = _make_spec(recipe, splits, num_classes, built.arch_kwargs)
-    normalize = Normalize(spec.mean, spec.std, channels_last=recipe.train.channels_last).to(device)
-    settings = StepSettings(device, recipe.train.precision, normalize, recipe.train.grad_clip_norm, recipe.train.log_every)
+    prepare = (Normalize(spec.mean, spec.std, channels_last=recipe.train.channels_last).to(device)
+               if spec.input_kind == "image" else _identity)
+    settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
     notes = list(splits.notes)
     notes.append(f"weights: {built.pretrained or 'random init (training from scratch)'}")
+    test_loader = None
+    if splits.test is not None:
+        test_loader = make_loader(splits.test, batch_size=_eval_batch(recipe), train=False, seed=recipe.train.seed,
+                                  num_workers=recipe.data.num_workers, rank=dist.rank, world_size=dist.world_size,
+                                  device=device, mode=recipe.data.loader)
     return Session(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
-                   train_loader, val_loader, settings, notes)
+                   train_loader, val_loader, settings, notes, splits, test_loader)
+
+
+def _identity(inputs: torch.Tensor) -> torch.Tensor:
+    return inputs
 
 
 def _checkpoint(s: Session, epoch: int, step: int, best: BestTracker, best_summary: dict[str, Any] | None) -> dict[str, Any]:
@@ -290,7 +311,7 @@ def _epoch_row(epoch: int, s: Session, result: EpochResult, val: dict[str, Any],
         "train_top1": result.metrics["top1"],
         "val_loss": val["loss"],
         "val_top1": val["top1"],
-        "val_top5": val["top5"],
+        **({"val_top5": val["top5"]} if "top5" in val else {}),
         "lr": lr,
         "images_per_s": result.samples * s.dist.world_size / max(result.seconds, 1e-9),
         "epoch_seconds": result.seconds,
@@ -301,13 +322,9 @@ def _epoch_row(epoch: int, s: Session, result: EpochResult, val: dict[str, Any],
 
 
 def _eval_summary(epoch: int, s: Session, val: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "epoch": epoch,
-        "loss": val["loss"],
-        "top1": val["top1"],
-        "top5": val["top5"],
-        "per_class": _class_accuracy(s.spec, val["per_class"]),
-    }
+    summary = {"epoch": epoch, "loss": val["loss"], "top1": val["top1"], "top5": val.get("top5"),
+               "per_class": _class_accuracy(s.spec, val["per_class"])}
+    return {k: v for k, v in summary.items() if v is not None}
 
 
 class Reporter:
@@ -354,6 +371,22 @@ def _write_run_files(run: RunDir, s: Session) -> None:
     atomic_write_text(run.path / "recipe.resolved.yaml", recipe_to_yaml(s.recipe))
     atomic_write_json(run.path / "env.json", environment(s.device, s.dist))
     s.spec.save(run.spec_file)
+    for name, save in s.splits.artifacts.items():  # e.g. the text vectorizer's tokenizer.json
+        save(run.path / name)
+    if s.spec.input_kind == "image" and not (run.plots / "samples.png").exists():
+        # Drawing a batch runs the random augmentations: keep the RNG stream training will use untouched.
+        with torch.random.fork_rng(devices=[]):
+            _plot_first_batch(run, s)
+
+
+def _plot_first_batch(run: RunDir, s: Session) -> None:
+    """plots/samples.png: what the model is fed (after augmentation), with labels."""
+    from inceptionlab.plots import plot_samples
+
+    s.train_loader.set_epoch(0)
+    images, targets = next(iter(s.train_loader))
+    labels = [s.spec.labels[int(t)] for t in targets[:32]]
+    plot_samples(images[:32].cpu(), labels, run.plots / "samples.png")
 
 
 def fit(
@@ -462,7 +495,8 @@ def _chain(*callbacks: Callable[[int, float], None] | None) -> Callable[[int, fl
 def _epoch_line(row: dict[str, Any], epochs: int, skipped: list[str]) -> str:
     line = (
         f"epoch {row['epoch']}/{epochs}  train_loss {row['train_loss']:.4f}  val_loss {row['val_loss']:.4f}  "
-        f"val_top1 {row['val_top1']:.4f}  val_top5 {row['val_top5']:.4f}  lr {row['lr']:.3g}  "
+        f"val_top1 {row['val_top1']:.4f}  " + (f"val_top5 {row['val_top5']:.4f}  " if "val_top5" in row else "") +
+        f"lr {row['lr']:.3g}  "
         f"{row['images_per_s']:.1f} img/s  {row['epoch_seconds']:.1f}s"
     )
     if skipped:
@@ -501,9 +535,19 @@ def _finish(run: RunDir, s: Session, status: str, best: BestTracker, best_summar
             last_summary: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
     from inceptionlab.plots import plot_run
 
+    test = None
     if status != "interrupted":
         # The guide's `torch.save(model.state_dict(), ...)`: the final weights, loadable anywhere.
         atomic_torch_save(s.model.state_dict(), run.model_file)
+        if s.test_loader is not None:
+            test = _eval_summary(0, s, evaluate(s.runner, s.test_loader, s.task, s.settings))
+            test.pop("epoch")
+        if s.spec.input_kind == "image" and s.spec.num_classes <= 20:
+            _plot_predictions(run, s)
+        if s.spec.input_kind == "tokens":
+            from inceptionlab.infer.text import export_text_model
+
+            export_text_model(run.path, s.model, s.spec)
     summary = {
         "status": status,
         "recipe": s.recipe.name,
@@ -514,7 +558,23 @@ def _finish(run: RunDir, s: Session, status: str, best: BestTracker, best_summar
         "epochs_done": last_summary["epoch"] if last_summary else None,
         "wall_seconds": seconds,
         "skipped_files": sorted(set(s.train_loader.skipped + s.val_loader.skipped)),
+        **({"test": test} if test else {}),
     }
     atomic_write_json(run.summary_file, summary)
     plot_run(run.path)
     return summary
+
+
+@torch.inference_mode()
+def _plot_predictions(run: RunDir, s: Session) -> None:
+    """plots/predictions.png: validation images with predicted label, confidence and truth, plus bars."""
+    from inceptionlab.plots import plot_predictions
+
+    s.val_loader.set_epoch(0)
+    images, targets = next(iter(s.val_loader))
+    images, targets = images[:15], targets[:15]
+    s.model.eval()
+    with s.settings.autocast():
+        logits = s.model(s.settings.prepare(images.to(s.device)))
+    probs = s.task.probabilities(logits).cpu()
+    plot_predictions(images.cpu(), probs, targets.cpu(), s.spec.labels, run.plots / "predictions.png")

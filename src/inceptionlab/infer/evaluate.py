@@ -77,7 +77,7 @@ class Evaluation:
         return {
             "loss": self.result["loss"],
             "top1": self.result["top1"],
-            "top5": self.result["top5"],
+            **({"top5": self.result["top5"]} if "top5" in self.result else {}),
             "samples": self.result["samples"],
             "per_class": {self.spec.labels[i]: per_class[i] for i in self.present},
             "per_class_samples": {self.spec.labels[i]: int(self.result["confusion"][i].sum()) for i in self.present},
@@ -88,8 +88,9 @@ def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.
                    batch_size: int, num_workers: int | None, precision: str = "fp32") -> dict[str, Any]:
     model = model.to(device).eval()
     loader = make_loader(dataset, batch_size=batch_size, train=False, seed=0, num_workers=num_workers,
-                         pin_memory=device.type == "cuda")
-    settings = StepSettings(device, precision, spec_normalize(spec).to(device))
+                         pin_memory=device.type == "cuda", device=device)
+    prepare = spec_normalize(spec).to(device) if spec.input_kind == "image" else (lambda tokens: tokens)
+    settings = StepSettings(device, precision, prepare)
     task = make_task(spec.task, spec.num_classes)
     result = evaluate(model, loader, task, settings)
     result["skipped"] = loader.skipped
@@ -101,8 +102,9 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     model, spec = load_run_model(run_dir, weights)
     recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", [f"data.root={data}"] if data else [])
     dataset = read_eval_split(recipe.data, spec_eval_transform(spec), split)
-    if dataset.classes != spec.class_names:
-        mapping = map_folders_to_model(dataset.classes, spec, Path(dataset.root))
+    folders = getattr(dataset, "classes", None) or dataset.class_names
+    if folders != spec.class_names:
+        mapping = map_folders_to_model(folders, spec, Path(getattr(dataset, "root", recipe.data.root or "")))
         dataset = TargetMap(dataset, mapping)  # type: ignore[assignment]
     result = run_evaluation(model, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]

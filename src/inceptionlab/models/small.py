@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from inceptionlab.models.registry import register_model
@@ -21,3 +22,35 @@ def cifar10_cnn(num_classes: int = 10) -> nn.Module:
         nn.Linear(120, 84), nn.ReLU(),
         nn.Linear(84, num_classes),
     )
+
+
+@register_model("fashion_mlp")
+def fashion_mlp(num_classes: int = 10, in_features: int = 28 * 28, hidden: int = 128) -> nn.Module:
+    """The guide's Keras model: Flatten -> Dense 128 ReLU -> Dense 10 (logits)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+
+
+class TextClassifier(nn.Module):
+    """The guide's IMDB model: Embedding -> Dropout -> GlobalAveragePooling1D -> Dropout -> Dense(1).
+
+    Like Keras' GlobalAveragePooling1D without a mask, the mean runs over all positions, padding
+    included. The embedding starts uniform in [-0.05, 0.05] as Keras' does (PyTorch's N(0, 1) start is
+    20x larger and slows the first epochs of this small model).
+    """
+
+    def __init__(self, num_classes: int = 2, vocab_size: int = 10_001, embedding_dim: int = 16, dropout: float = 0.2):
+        super().__init__()
+        outputs = 1 if num_classes == 2 else num_classes  # binary: one logit
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        nn.init.uniform_(self.embedding.weight, -0.05, 0.05)
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(embedding_dim, outputs)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        pooled = self.dropout(self.embedding(tokens)).mean(dim=1)
+        return self.fc(self.dropout(pooled))
+
+
+@register_model("text_classifier")
+def text_classifier(num_classes: int = 2, vocab_size: int = 10_001, embedding_dim: int = 16, dropout: float = 0.2) -> nn.Module:
+    return TextClassifier(num_classes, vocab_size, embedding_dim, dropout)

@@ -32,6 +32,8 @@ class ModelSpec:
     mean: list[float] = field(default_factory=lambda: list(IMAGENET_MEAN))
     std: list[float] = field(default_factory=lambda: list(IMAGENET_STD))
     arch_kwargs: dict[str, Any] = field(default_factory=dict)  # builder args needed to rebuild it
+    channels: int = 3  # image channels the model takes (1 for Fashion-MNIST)
+    tokenizer: str | None = None  # for input_kind "tokens": the run's tokenizer file (raw text -> ids)
 
     def __post_init__(self) -> None:
         if len(self.class_names) != self.num_classes:

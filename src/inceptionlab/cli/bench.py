@@ -1,0 +1,134 @@
+"""`inceptionlab bench`: inference latency and throughput across runtimes, precisions, batch sizes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def bench(
+    run: Optional[Path] = typer.Argument(None, help="A run directory (results go to RUN_DIR/bench/results.jsonl)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Benchmark a torchvision model instead, e.g. inception_v3."),
+    weights: Optional[str] = typer.Option(
+        None, "--weights", help="--model: imagenet (default), random (seed 0; latency does not depend on "
+                                "values) or a state_dict file; RUN_DIR: a checkpoint instead of model.pt."),
+    backend: str = typer.Option("eager", "--backend", help="Comma list: eager, compile, onnxruntime, openvino."),
+    precision: str = typer.Option("fp32", "--precision", help="Comma list: fp32, bf16, fp16, int8."),
+    layout: str = typer.Option("nchw", "--layout", help="PyTorch backends: comma list of nchw, channels_last."),
+    batch: str = typer.Option("1", "--batch", help="Comma list of batch sizes, e.g. 1,8,32."),
+    iters: int = typer.Option(100, "--iters", min=1, help="Timed calls per configuration and batch size."),
+    warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls after the first."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda (a ROCm GPU is cuda too)."),
+    provider: str = typer.Option("auto", "--provider", help="onnxruntime: auto | cpu | cuda | tensorrt | migraphx."),
+    tune: bool = typer.Option(False, "--tune", help="Tuning step: torch.compile max-autotune, exhaustive "
+                                                     "cuDNN/MIGraphX search, TensorRT level 5."),
+    onnx: Optional[Path] = typer.Option(None, "--onnx", help="Use this ONNX file instead of the model's own export."),
+    calib_images: List[Path] = typer.Option(
+        [], "--calib-images", help="Real images for int8 calibration and the agreement check (folders or "
+                                   "files; default: the guide's sample pictures and the run's val data)."),
+    holdout: int = typer.Option(200, "--holdout", min=1, help="Held-out images for the agreement check."),
+    calibration: int = typer.Option(100, "--calibration", min=1, help="Calibration images for int8."),
+    min_agreement: float = typer.Option(0.99, "--min-agreement", min=0.0, max=1.0,
+                                        help="Top-1 agreement with fp32 needed to call a model usable."),
+    out: Path = typer.Option(Path("runs/exports"), "--out", help="--model: its folder is OUT/<name>/."),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw plots/bench_*.png from the results."),
+    list_runtimes: bool = typer.Option(False, "--list", help="List runtimes, precisions and providers here; no timing."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per configuration and batch size."),
+) -> None:
+    """Time inference: first call apart, warm-up, synchronised calls; mean/p50/p90/p99 latency, images/s,
+    GFLOP/s; for bf16/fp16/int8 the top-1 agreement with fp32 on held-out real images and whether that
+    makes the model usable (>= 99% on >= 200 images). Several configurations print one table with the
+    speed-up against eager fp32 NCHW (measured first). Rows are appended to bench/results.jsonl.
+
+    Examples:
+
+      inceptionlab bench --list
+
+      inceptionlab bench --model inception_v3 --weights random --backend eager,onnxruntime,openvino --precision fp32,bf16,int8 --batch 1,16 --calib-images val/
+
+      inceptionlab bench runs/inception_v3/imagefolder/20261122-101500 --backend onnxruntime --precision int8 --json
+    """
+    from inceptionlab.infer.runtimes import describe_runtimes
+
+    if list_runtimes:
+        _print_runtimes(describe_runtimes(), as_json)
+        return
+    from inceptionlab.infer.bench import BenchSettings, append_results, environment, parse_batches, parse_list, plan
+    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, resolve_device
+
+    configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), parse_list(precision, PRECISIONS, "--precision"),
+                   parse_list(layout, TORCH_LAYOUTS, "--layout"))
+    target = Target(resolve_device(device), provider, tune)
+    settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), holdout, calibration,
+                             min_agreement, onnx)
+    from inceptionlab.infer.bench import run_bench
+    from inceptionlab.infer.export import load_source
+
+    source = load_source(run, model, weights, out)
+
+    def emit(rows: list[dict]) -> None:
+        if as_json:
+            for row in rows:
+                print(json.dumps(row), flush=True)
+
+    report = run_bench(source, configs, settings, log=_log, on_rows=emit)
+    env = environment(target.device)
+    command = _command(run, model, weights, backend, precision, layout, batch, iters, warmup, device, provider, tune)
+    from inceptionlab.infer.bench import result_records
+
+    append_results(source.bench_results, list(result_records(report, source, settings, command, env)))
+    if not as_json:
+        _print_table(report, source, env, settings)
+    _log(f"results appended to {source.bench_results}")
+    if plot:
+        from inceptionlab.bench_plots import plot_bench_run
+
+        for path in plot_bench_run(source.home):
+            _log(f"plot {path}")
+
+
+def _command(run, model, weights, backend, precision, layout, batch, iters, warmup, device, provider, tune) -> str:
+    """The call in canonical form, every setting spelled out: rerun it to reproduce a row."""
+    parts = ["inceptionlab bench", str(run) if run else f"--model {model}"]
+    if weights:
+        parts.append(f"--weights {weights}")
+    parts += [f"--backend {backend}", f"--precision {precision}", f"--layout {layout}", f"--batch {batch}",
+              f"--iters {iters}", f"--warmup {warmup}", f"--device {device}", f"--provider {provider}"]
+    return " ".join(parts + (["--tune"] if tune else []))
+
+
+def _print_table(report, source, env, settings) -> None:
+    from inceptionlab.infer.bench import format_table
+
+    row = report.rows[0]
+    print(f"{source.spec.arch} at {source.spec.crop_size} px ({row['gflop_per_image']:.1f} GFLOP/image), "
+          f"{env['device_name']}, torch threads {env['torch_threads']}; iters {settings.iters}, "
+          f"warm-up {settings.warmup}; load average {row['loadavg_1min']}")
+    print(format_table(report.rows))
+    for skipped in report.skipped:
+        print(f"skipped {skipped.config.label}: {skipped.reason}")
+    for config, verdict in report.verdicts.items():
+        print(f"{config.label}: {'usable' if verdict.usable else 'NOT usable'} ({verdict.reason})")
+
+
+def _print_runtimes(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    for row in rows:
+        state = "ok     " if row["available"] else "missing"
+        print(f"{state} {row['backend']:<12} {','.join(row['precisions']):<20} {row['details']}")
+        print(f"        {'':<12} {row['summary']}")
+
+
+def register(root: typer.Typer) -> None:
+    root.command("bench")(bench)

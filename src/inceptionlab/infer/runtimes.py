@@ -1,0 +1,561 @@
+"""Runtimes: one protocol over eager PyTorch, torch.compile, ONNX Runtime and OpenVINO.
+
+A runtime is picked by name from RUNTIMES and asked to `open` a Session for one precision, layout
+and batch size. Every session takes the same input (float32 NCHW, normalised, as a numpy array),
+`place`s it where it computes (host or GPU memory), `run`s synchronously (device work finished when
+it returns, output left where it was computed) and reports `provider`: what actually ran.
+
+What is installed is discovered at run time. A provider that is asked for and missing is an error
+that names what is installed; ONNX Runtime's habit of quietly falling back to the CPU when a GPU
+provider fails to load is caught and reported, never timed as if it were the GPU.
+
+Compiled and tuned artifacts live on disk under the model's exports/cache/ and are reused:
+ORT-optimized graphs, int8/fp16 models, TensorRT engines, MIGraphX programs, OpenVINO blobs and
+the Inductor cache of torch.compile.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import platform
+from abc import ABC, abstractmethod
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+
+from inceptionlab.errors import UserError
+from inceptionlab.infer.export import (
+    INPUT_NAME,
+    OUTPUT_NAME,
+    ModelSource,
+    ensure_export,
+    file_sha256,
+    import_onnxruntime,
+)
+from inceptionlab.infer.quantize import ImageSets
+
+PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+REDUCED_PRECISIONS = ("bf16", "fp16", "int8")
+TORCH_LAYOUTS = ("nchw", "channels_last")
+NATIVE_LAYOUT = "native"  # ONNX Runtime and OpenVINO pick their own (e.g. MLAS NCHWc blocks)
+
+
+class Unsupported(Exception):
+    """This runtime cannot run this precision/layout on this device; the bench skips it, saying why."""
+
+
+@dataclass(frozen=True)
+class Target:
+    device: str = "cpu"  # "cpu" or "cuda" (PyTorch calls a ROCm GPU "cuda" too)
+    provider: str = "auto"  # ONNX Runtime execution provider: auto, cpu, cuda, tensorrt, migraphx
+    tune: bool = False  # max-autotune / exhaustive kernel search: slower first call, faster after
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda"):
+        raise UserError(f"--device {name!r}: use auto, cpu or cuda (cuda also means a ROCm GPU)")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no GPU is visible to PyTorch; run `inceptionlab doctor` or use --device cpu")
+    return name
+
+
+@dataclass
+class Artifacts:
+    """Files the ONNX runtimes need, made on first use (export, quantization) and cached on disk."""
+
+    source: ModelSource
+    images: list[Path] | None = None  # for the export's parity check
+    sets: ImageSets | None = None  # calibration images for int8
+    onnx_override: Path | None = None  # --onnx FILE instead of the source's own export
+    log: Callable[[str], None] = lambda message: None
+    _made: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def cache(self) -> Path:
+        return self.source.cache
+
+    def onnx(self) -> Path:
+        if "fp32" not in self._made:
+            if self.onnx_override is not None:
+                from inceptionlab.infer.export import check_onnx_file
+
+                check_onnx_file(self.onnx_override, self.source.spec)
+                self._made["fp32"] = self.onnx_override
+            else:
+                self._made["fp32"] = ensure_export(self.source, self.images, self.log)
+        return self._made["fp32"]
+
+    def _calibrated(self, kind: str, make: Callable[[Path, ImageSets, Path], Path]) -> Path:
+        if kind not in self._made:
+            if self.sets is None or len(self.sets.calibration) == 0:
+                raise UserError("int8 needs real calibration images: pass --calib-images DIR")
+            self.log(f"quantizing for {kind} on {self.sets.describe()} (cached in {self.cache})")
+            self._made[kind] = make(self.onnx(), self.sets, self.cache)
+        return self._made[kind]
+
+    def onnx_int8(self) -> Path:
+        from inceptionlab.infer.quantize import onnxruntime_int8
+
+        return self._calibrated("onnxruntime-int8", onnxruntime_int8)
+
+    def openvino_int8(self) -> Path:
+        from inceptionlab.infer.quantize import openvino_int8
+
+        return self._calibrated("openvino-int8", openvino_int8)
+
+    def onnx_fp16(self) -> Path:
+        from inceptionlab.infer.quantize import onnxruntime_fp16
+
+        if "fp16" not in self._made:
+            self._made["fp16"] = onnxruntime_fp16(self.onnx(), self.cache)
+        return self._made["fp16"]
+
+
+# --------------------------------------------------------------------------------------- protocol
+
+
+class Session(ABC):
+    """One model, loaded for one precision and batch size, ready to run."""
+
+    provider: str  # what actually runs, e.g. "CPUExecutionProvider", "OpenVINO CPU bf16"
+    batch: int
+
+    @abstractmethod
+    def place(self, inputs: np.ndarray) -> Any:
+        """Put a float32 NCHW batch where this runtime reads it (not timed)."""
+
+    @abstractmethod
+    def run(self, placed: Any) -> Any:
+        """One inference, returning when the device has finished; the output stays where it is."""
+
+    @abstractmethod
+    def to_numpy(self, output: Any) -> np.ndarray:
+        """float32 host copy of `run`'s output."""
+
+    def predict(self, inputs: np.ndarray) -> np.ndarray:
+        """Logits for any number of inputs, in chunks of this session's batch (the last one padded)."""
+        outputs = []
+        for start in range(0, len(inputs), self.batch):
+            chunk = inputs[start:start + self.batch]
+            padded = np.concatenate([chunk, np.repeat(chunk[-1:], self.batch - len(chunk), 0)]) if len(chunk) < self.batch else chunk
+            outputs.append(self.to_numpy(self.run(self.place(np.ascontiguousarray(padded))))[: len(chunk)])
+        return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
+
+
+class Runtime(ABC):
+    name: ClassVar[str]
+    precisions: ClassVar[tuple[str, ...]]
+    layouts: ClassVar[tuple[str, ...]] = (NATIVE_LAYOUT,)
+    summary: ClassVar[str]
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why this runtime cannot be used at all here (not installed), or None."""
+        return None
+
+    @classmethod
+    def details(cls) -> str:
+        return ""
+
+    @classmethod
+    @abstractmethod
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+        """A session for this configuration; raises Unsupported or UserError with the reason."""
+
+    @classmethod
+    def require(cls) -> None:
+        reason = cls.missing()
+        if reason:
+            raise UserError(f"{cls.name}: {reason}")
+
+    @classmethod
+    def check_precision(cls, precision: str) -> None:
+        if precision not in cls.precisions:
+            raise Unsupported(f"{cls.name} has no {precision} path (it runs {', '.join(cls.precisions)})")
+
+
+# --------------------------------------------------------------------------------------- PyTorch
+
+_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class TorchSession(Session):
+    def __init__(self, model: torch.nn.Module, precision: str, layout: str, device: str, batch: int,
+                 compile_mode: str | None = None, compiled: bool = False):
+        self.device, self.batch = torch.device(device), batch
+        self.memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        # A private copy: layouts and compiled graphs of one configuration never leak into the next.
+        model = copy.deepcopy(model).to(self.device, memory_format=self.memory_format).eval()
+        self.dtype = _AUTOCAST[precision]
+        self.fn: Callable[[torch.Tensor], torch.Tensor] = model
+        # Inductor's freezing folds weights into the graph (oneDNN prepacks them once): inference only.
+        self.grad_mode: Callable[[], Any] = torch.no_grad if compiled else torch.inference_mode
+        if compiled:
+            torch._inductor.config.freezing = True
+            self.fn = torch.compile(model, mode=compile_mode, dynamic=False)
+        kind = f"torch.compile ({compile_mode or 'default'}, inductor)" if compiled else "torch eager"
+        self.provider = f"{kind} {self.device.type}" + (f" autocast {precision}" if self.dtype else "")
+
+    def place(self, inputs: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(inputs).to(self.device).contiguous(memory_format=self.memory_format)
+
+    def run(self, placed: torch.Tensor) -> torch.Tensor:
+        autocast = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
+        with self.grad_mode(), autocast:
+            output = self.fn(placed)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return output
+
+    def to_numpy(self, output: torch.Tensor) -> np.ndarray:
+        return output.float().cpu().numpy()
+
+
+def _torch_precision_check(precision: str, device: str) -> None:
+    if device == "cuda" and precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise Unsupported("this GPU has no bf16; use fp16")
+
+
+class EagerRuntime(Runtime):
+    name = "eager"
+    precisions = ("fp32", "bf16", "fp16")
+    layouts = TORCH_LAYOUTS
+    summary = "PyTorch eager; bf16/fp16 by autocast; NCHW or channels_last"
+
+    @classmethod
+    def details(cls) -> str:
+        return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+    @classmethod
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+        cls.check_precision(precision)
+        _torch_precision_check(precision, target.device)
+        return TorchSession(artifacts.source.model, precision, layout, target.device, batch)
+
+
+class CompileRuntime(Runtime):
+    name = "compile"
+    precisions = ("fp32", "bf16", "fp16")
+    layouts = TORCH_LAYOUTS
+    summary = "torch.compile (Inductor, frozen weights); --tune: mode max-autotune"
+
+    @classmethod
+    def details(cls) -> str:
+        return "Inductor; compiles on the first call (reported as first_ms)"
+
+    @classmethod
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+        cls.check_precision(precision)
+        _torch_precision_check(precision, target.device)
+        # Inductor's on-disk caches (FX graphs, kernels) under the model's cache: a second run reuses them.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(artifacts.cache / "inductor"))
+        mode = "max-autotune" if target.tune else None
+        return TorchSession(artifacts.source.model, precision, layout, target.device, batch, mode, compiled=True)
+
+
+# --------------------------------------------------------------------------------------- ONNX Runtime
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _no_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
+    return {}
+
+
+def _cuda_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
+    # EXHAUSTIVE tries every cuDNN algorithm once per shape (the tuning step), HEURISTIC asks cuDNN.
+    return {"device_id": "0", "cudnn_conv_algo_search": "EXHAUSTIVE" if target.tune else "HEURISTIC"}
+
+
+def _tensorrt_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
+    # One optimisation profile per batch size; engines and timing caches are reused across runs.
+    return {
+        "device_id": "0",
+        "trt_fp16_enable": _flag(precision == "fp16"),
+        "trt_int8_enable": _flag(precision == "int8"),  # the QDQ model carries its own scales
+        "trt_engine_cache_enable": "1",
+        "trt_engine_cache_path": str(cache / "tensorrt"),
+        "trt_timing_cache_enable": "1",
+        "trt_timing_cache_path": str(cache / "tensorrt"),
+        "trt_builder_optimization_level": "5" if target.tune else "3",
+        "trt_profile_min_shapes": shape, "trt_profile_opt_shapes": shape, "trt_profile_max_shapes": shape,
+    }
+
+
+def _migraphx_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
+    # The guide's MIGraphX step: compile (cached on disk) and, with --tune, exhaustive kernel tuning.
+    return {
+        "device_id": "0",
+        "migraphx_fp16_enable": _flag(precision == "fp16"),
+        "migraphx_exhaustive_tune": _flag(target.tune),
+        "migraphx_model_cache_dir": str(cache / "migraphx"),
+    }
+
+
+@dataclass(frozen=True)
+class OrtProvider:
+    ep: str  # ONNX Runtime's name for it
+    device: str  # cpu or cuda
+    precisions: tuple[str, ...]
+    options: Callable[[str, Path, Target, str], dict[str, str]]
+    io_device: str  # where inputs/outputs are bound (OrtValue device type)
+    own_cache: bool  # compiles into its own engine cache: ORT's optimized-graph cache is not used
+    fp16_model: bool = False  # needs an fp16-converted graph (no fp16 switch of its own)
+    install: str = "pip install onnxruntime-gpu"
+
+
+ORT_PROVIDERS: dict[str, OrtProvider] = {
+    "cpu": OrtProvider("CPUExecutionProvider", "cpu", ("fp32", "int8"), _no_options, "cpu", False,
+                       install="pip install onnxruntime"),
+    "cuda": OrtProvider("CUDAExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _cuda_options, "cuda", False,
+                        fp16_model=True),
+    "tensorrt": OrtProvider("TensorrtExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _tensorrt_options,
+                            "cuda", True, install="pip install onnxruntime-gpu tensorrt"),
+    # MIGraphX is ONNX Runtime's AMD GPU provider (the ROCm provider was removed in ORT 1.23).
+    # Inputs stay on the host: its device allocator is not exposed to Python's OrtValue.
+    "migraphx": OrtProvider("MIGraphXExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _migraphx_options,
+                            "cpu", True, install="pip install onnxruntime-migraphx (AMD's ROCm build)"),
+}
+
+
+def ort_installed_providers() -> list[str]:
+    try:
+        import onnxruntime
+    except ImportError:
+        return []
+    return list(onnxruntime.get_available_providers())
+
+
+def choose_ort_provider(target: Target) -> OrtProvider:
+    """The provider asked for, or the natural one for the device; missing: an error naming the fix."""
+    installed = ort_installed_providers()
+    if target.provider == "auto":
+        candidates = ["cpu"] if target.device == "cpu" else (["migraphx"] if torch.version.hip else ["cuda", "tensorrt"])
+    elif target.provider in ORT_PROVIDERS:
+        candidates = [target.provider]
+    else:
+        raise UserError(f"--provider {target.provider!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
+    for name in candidates:
+        if ORT_PROVIDERS[name].ep in installed:
+            provider = ORT_PROVIDERS[name]
+            if provider.device != target.device:
+                raise UserError(f"--provider {name} runs on {provider.device}, not --device {target.device}")
+            return provider
+    wanted = ORT_PROVIDERS[candidates[0]]
+    raise UserError(f"onnxruntime has no {wanted.ep} here (installed: {', '.join(installed) or 'none'}): "
+                    f"{wanted.install}, or pick another with --provider / --device")
+
+
+_SHA_CACHE: dict[tuple[str, float, int], str] = {}
+
+
+def _sha_of(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_mtime, stat.st_size)
+    if key not in _SHA_CACHE:
+        _SHA_CACHE[key] = file_sha256(path)
+    return _SHA_CACHE[key]
+
+
+def _machine() -> str:
+    from inceptionlab.doctor import cpu_capability, cpu_model_name
+
+    return f"{cpu_model_name()}|{cpu_capability()}|{platform.machine()}"
+
+
+class OrtSession(Session):
+    def __init__(self, model: Path, provider: OrtProvider, precision: str, target: Target, batch: int,
+                 cache: Path, input_shape: tuple[int, ...]):
+        ort = import_onnxruntime()
+        self.ort, self.batch, self.io_device = ort, batch, provider.io_device
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        model, publish = self._optimized_graph_cache(model, provider, options, cache)
+        shape = f"{INPUT_NAME}:{batch}x" + "x".join(map(str, input_shape))
+        provider_options = provider.options(precision, cache, target, shape)
+        for folder in ("tensorrt", "migraphx"):
+            if folder in str(provider_options.values()):
+                (cache / folder).mkdir(parents=True, exist_ok=True)
+        providers = [(provider.ep, provider_options)] + ([] if provider.ep == "CPUExecutionProvider" else ["CPUExecutionProvider"])
+        try:
+            self.session = ort.InferenceSession(str(model), options, providers=providers)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"{model}: onnxruntime could not load it with {provider.ep} ({first})"[:400]) from None
+        ran = self.session.get_providers()[0]
+        if ran != provider.ep:
+            raise UserError(f"onnxruntime fell back from {provider.ep} to {ran}: its libraries did not load "
+                            "(CUDA/cuDNN/TensorRT/MIGraphX versions); not timing that as the GPU")
+        publish()
+        self.provider = ran
+        self.binding = self.session.io_binding()
+
+    def _optimized_graph_cache(self, model: Path, provider: OrtProvider, options: Any,
+                               cache: Path) -> tuple[Path, Callable[[], None]]:
+        """Reuse the graph ORT optimized last time (fused, NCHWc-blocked: specific to this CPU and
+        version, hence the key); else have ORT save it, then move it into place atomically."""
+        if provider.own_cache:
+            return model, lambda: None
+        key = hashlib.sha256("|".join([_sha_of(model), provider.ep, self.ort.__version__, _machine()]).encode())
+        cached = cache / f"ort-optimized-{key.hexdigest()[:16]}.onnx"
+        if cached.is_file():
+            options.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            return cached, lambda: None
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f".{cached.name}.{os.getpid()}.tmp"
+        options.optimized_model_filepath = str(tmp)
+
+        def publish() -> None:
+            if tmp.is_file():
+                os.replace(tmp, cached)
+
+        return model, publish
+
+    def place(self, inputs: np.ndarray) -> Any:
+        return self.ort.OrtValue.ortvalue_from_numpy(inputs, self.io_device, 0)
+
+    def run(self, placed: Any) -> Any:
+        self.binding.bind_ortvalue_input(INPUT_NAME, placed)
+        self.binding.bind_output(OUTPUT_NAME, self.io_device)
+        # Synchronous: ORT waits for the device stream before returning (its default).
+        self.session.run_with_iobinding(self.binding)
+        return self.binding.get_outputs()[0]
+
+    def to_numpy(self, output: Any) -> np.ndarray:
+        return np.asarray(output.numpy(), dtype=np.float32)
+
+
+class OnnxRuntime(Runtime):
+    name = "onnxruntime"
+    precisions = ("fp32", "fp16", "int8")
+    summary = "ONNX Runtime: CPU always; CUDA, TensorRT, MIGraphX providers when installed; int8 = QDQ"
+
+    @classmethod
+    def missing(cls) -> str | None:
+        return None if ort_installed_providers() else "onnxruntime is not installed: pip install 'inceptionlab[onnx]'"
+
+    @classmethod
+    def details(cls) -> str:
+        import onnxruntime
+
+        return f"onnxruntime {onnxruntime.__version__}; providers: {', '.join(ort_installed_providers())}"
+
+    @classmethod
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+        cls.require()
+        cls.check_precision(precision)
+        provider = choose_ort_provider(target)
+        if precision not in provider.precisions:
+            raise Unsupported(f"onnxruntime {provider.ep} has no {precision} kernels for this model "
+                              f"(it runs {', '.join(provider.precisions)})")
+        model = {"fp32": artifacts.onnx, "int8": artifacts.onnx_int8,
+                 "fp16": artifacts.onnx_fp16 if provider.fp16_model else artifacts.onnx}[precision]()
+        return OrtSession(model, provider, precision, target, batch, artifacts.cache / "onnxruntime",
+                          artifacts.source.input_shape)
+
+
+# --------------------------------------------------------------------------------------- OpenVINO
+
+_OV_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
+
+
+class OpenVinoSession(Session):
+    def __init__(self, model: Path, precision: str, batch: int, cache: Path, input_shape: tuple[int, ...]):
+        import openvino as ov
+
+        self.batch = batch
+        core = ov.Core()
+        cache.mkdir(parents=True, exist_ok=True)
+        core.set_property({"CACHE_DIR": str(cache)})  # compiled blobs, reused by the next run
+        network = core.read_model(str(model))
+        network.reshape({network.inputs[0].get_any_name(): [batch, *input_shape]})  # static: faster kernels
+        # Synchronous single requests: the latency hint gives one request all cores. On bf16-capable
+        # CPUs OpenVINO runs bf16 unless told f32, so fp32 is asked for explicitly.
+        config = {"PERFORMANCE_HINT": "LATENCY"}
+        if precision in _OV_HINTS:
+            config["INFERENCE_PRECISION_HINT"] = _OV_HINTS[precision]
+        compiled = core.compile_model(network, "CPU", config)
+        actual = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # "f32", "bf16", "f16"
+        if precision in _OV_HINTS and actual != _OV_HINTS[precision]:
+            raise Unsupported(f"OpenVINO would run {actual} when asked for {precision}: this CPU lacks {precision}")
+        label = precision if precision in _OV_HINTS else f"int8 + {actual}"
+        self.provider = f"OpenVINO {ov.__version__.split('-')[0]} CPU {label}"
+        self.request = compiled.create_infer_request()
+
+    def place(self, inputs: np.ndarray) -> Any:
+        import openvino as ov
+
+        return ov.Tensor(inputs)  # wraps the array: no copy
+
+    def run(self, placed: Any) -> Any:
+        self.request.infer({0: placed})
+        return self.request.get_output_tensor(0)
+
+    def to_numpy(self, output: Any) -> np.ndarray:
+        return np.array(output.data, dtype=np.float32)
+
+
+class OpenVinoRuntime(Runtime):
+    name = "openvino"
+    precisions = ("fp32", "bf16", "fp16", "int8")
+    summary = "OpenVINO on the CPU (optional extra); int8 = NNCF post-training quantization"
+
+    @classmethod
+    def missing(cls) -> str | None:
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            return "openvino is not installed: pip install 'inceptionlab[openvino]'"
+        return None
+
+    @classmethod
+    def details(cls) -> str:
+        import openvino as ov
+
+        core = ov.Core()
+        return f"openvino {ov.__version__.split('-')[0]}; devices: {', '.join(core.available_devices)}"
+
+    @classmethod
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+        cls.require()
+        cls.check_precision(precision)
+        if target.device != "cpu":
+            raise Unsupported("OpenVINO runs on the CPU here (--device cpu); use onnxruntime or eager on the GPU")
+        model = artifacts.openvino_int8() if precision == "int8" else artifacts.onnx()
+        return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.input_shape)
+
+
+# --------------------------------------------------------------------------------------- registry
+
+RUNTIMES: dict[str, type[Runtime]] = {
+    runtime.name: runtime for runtime in (EagerRuntime, CompileRuntime, OnnxRuntime, OpenVinoRuntime)
+}
+
+
+def get_runtime(name: str) -> type[Runtime]:
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise UserError(f"--backend {name!r}: use one of {', '.join(RUNTIMES)}") from None
+
+
+def describe_runtimes() -> list[dict[str, Any]]:
+    """What is usable here: each runtime's precisions, and its version/providers or why it is not."""
+    rows = []
+    for runtime in RUNTIMES.values():
+        reason = runtime.missing()
+        rows.append({"backend": runtime.name, "available": reason is None, "precisions": list(runtime.precisions),
+                     "layouts": list(runtime.layouts), "summary": runtime.summary,
+                     "details": reason or runtime.details()})
+    return rows

@@ -1,0 +1,343 @@
+"""IMDB reader (aclImdb folder or streamed .tar.gz) and the guide's TextVectorization on tokenizers."""
+
+from __future__ import annotations
+
+import random
+import re
+import socket
+import string
+import tarfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from conftest import shared_data
+from inceptionlab.data import imdb
+from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
+from inceptionlab.data.text import OOV_ID, PAD_ID, TextVectorizer
+from inceptionlab.errors import UserError
+
+SEQ_LEN = 250
+PUNCTUATION = re.compile("[%s]" % re.escape(string.punctuation))
+
+
+# --- the guide's code, restated in plain Python as the reference ------------------------------
+
+
+def guide_standardize(text: str) -> str:
+    """custom_standardization from the guide: lowercase, "<br />" -> " ", strip punctuation."""
+    lowercase = text.lower()
+    stripped_html = re.sub("<br />", " ", lowercase)
+    return PUNCTUATION.sub("", stripped_html)
+
+
+def guide_ids(text: str, vocab: dict[str, int], seq_len: int = SEQ_LEN) -> list[int]:
+    """What TextVectorization(output_mode="int", output_sequence_length=seq_len) returns."""
+    ids = [vocab.get(word, OOV_ID) for word in guide_standardize(text).split()][:seq_len]
+    return ids + [PAD_ID] * (seq_len - len(ids))
+
+
+def guide_vocabulary(texts: list[str], max_tokens: int) -> list[str]:
+    """Pad, OOV, then the max_tokens - 1 most frequent words; ties by word (code point order)."""
+    counts = Counter(word for text in texts for word in guide_standardize(text).split())
+    ranked = sorted(counts, key=lambda word: (-counts[word], word))
+    return ["[PAD]", "[UNK]"] + ranked[: max_tokens - 1]
+
+
+TRICKY = [
+    "Hello, World!",
+    "One<br />two<br /><br />three",
+    "<BR />Caps tag is lowercased first, so it is replaced too",
+    "<br/>without the space is not a tag: only its punctuation goes",
+    "don't  stop -- it's 100% {great} [really]",
+    "C++ & C# && a||b ~`^ \\back\\slash/ \"quoted\" 'single' @home $5 *star* _under_",
+    "tabs\tand\nnewlines\r\nand   runs   of spaces",
+    "[PAD] [UNK] are words here",
+    "ÉCOLE Café naïve — “curly” quotes… ¿qué?",
+    "",
+    "   ",
+    "!!!???...",
+]
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def subset_root() -> Path:
+    return shared_data("imdb/aclImdb_subset")
+
+
+@pytest.fixture(scope="module")
+def subset(subset_root) -> dict[str, tuple[list[str], list[int]]]:
+    return load_imdb_splits(subset_root)
+
+
+@pytest.fixture(scope="module")
+def subset_vectorizer(subset) -> TextVectorizer:
+    return TextVectorizer.fit(subset["train"][0])
+
+
+@pytest.fixture(scope="module")
+def full_splits():
+    archive = shared_data("imdb/aclImdb_labeled.tar.gz")
+    start = time.perf_counter()
+    splits = load_imdb_splits(archive)
+    return splits, time.perf_counter() - start
+
+
+def write_review(root: Path, relative: str, text: str | bytes) -> None:
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+
+
+@pytest.fixture
+def tiny_acl(tmp_path) -> Path:
+    """A miniature aclImdb, with the files a real one has that are not labelled reviews."""
+    root = tmp_path / "data" / "aclImdb"
+    for split in ("train", "test"):
+        write_review(root, f"{split}/neg/10_2.txt", f"{split} neg ten")
+        write_review(root, f"{split}/neg/9_1.txt", f"{split} neg nine")
+        write_review(root, f"{split}/pos/3_8.txt", f"{split} pos three")
+        write_review(root, f"{split}/urls_pos.txt", "http://www.imdb.com/title/tt0000001/")
+    write_review(root, "train/unsup/0_0.txt", "unlabelled review that must be ignored")
+    write_review(root, "train/pos/4_9.txt", b"bad byte \xff here")
+    write_review(root, "imdb.vocab", "the\nand\n")
+    return root
+
+
+def tar_gz(folder: Path, archive: Path) -> Path:
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    return archive
+
+
+# --- standardization ---------------------------------------------------------------------------
+
+
+def test_punctuation_pattern_removes_exactly_string_punctuation(subset_vectorizer):
+    characters = [chr(c) for c in range(0x250)] + list("…“”‘’¿¡—–«»·•€£")
+    for character in characters:
+        expected = "" if character in string.punctuation else character.lower()
+        assert subset_vectorizer.standardize(character) == expected, repr(character)
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_standardize_matches_guide_on_tricky_text(subset_vectorizer, text):
+    assert subset_vectorizer.standardize(text) == guide_standardize(text)
+
+
+def test_br_tag_is_replaced_after_lowercasing_as_in_the_guide(subset_vectorizer):
+    assert subset_vectorizer.standardize("a<BR />b<br />c<br/>d") == "a b cbrd"
+
+
+def test_standardize_and_ids_match_guide_on_200_real_reviews(subset, subset_vectorizer):
+    texts = subset["train"][0][::5][:200]  # both labels: neg is the first half, pos the second
+    assert len(texts) == 200
+    vocab = subset_vectorizer.tokenizer.get_vocab()
+    encoded = subset_vectorizer.encode(texts).tolist()
+    for text, ids in zip(texts, encoded):
+        assert subset_vectorizer.standardize(text) == guide_standardize(text)
+        assert ids == guide_ids(text, vocab)
+
+
+# --- vocabulary --------------------------------------------------------------------------------
+
+
+def test_vocabulary_follows_the_rule_on_the_subset(subset, subset_vectorizer):
+    texts = subset["train"][0]
+    expected = guide_vocabulary(texts, max_tokens=10_000)
+    assert subset_vectorizer.vocabulary() == expected
+    distinct = len(expected) - 2
+    assert subset_vectorizer.vocab_size == 2 + min(distinct, 9_999)
+
+
+def test_small_budget_keeps_most_frequent_words_with_ties_by_word(subset):
+    texts = subset["train"][0][:300]
+    vectorizer = TextVectorizer.fit(texts, max_tokens=50, seq_len=20)
+    assert vectorizer.vocab_size == 51
+    assert vectorizer.vocabulary() == guide_vocabulary(texts, max_tokens=50)
+    assert vectorizer.seq_len == 20
+
+
+def test_ties_in_frequency_are_broken_by_word():
+    vectorizer = TextVectorizer.fit(["delta charlie bravo alpha", "echo echo"], max_tokens=4)
+    assert vectorizer.vocabulary() == ["[PAD]", "[UNK]", "echo", "alpha", "bravo"]
+
+
+def test_fit_is_deterministic_whatever_the_text_order(subset):
+    texts = subset["train"][0]
+    shuffled = random.Random(0).sample(texts, len(texts))
+    first, second = TextVectorizer.fit(texts), TextVectorizer.fit(shuffled)
+    assert first.tokenizer.get_vocab() == second.tokenizer.get_vocab()
+    assert first.tokenizer.to_str() == second.tokenizer.to_str()
+
+
+def test_bad_budget_is_a_user_error():
+    with pytest.raises(UserError, match="max_tokens"):
+        TextVectorizer.fit(["a b"], max_tokens=0)
+    with pytest.raises(UserError, match="seq_len"):
+        TextVectorizer.fit(["a b"], seq_len=0)
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def test_pads_at_the_end_truncates_at_the_end_and_marks_unknown_words():
+    vectorizer = TextVectorizer.fit(["the cat sat on the mat"] * 3 + ["a dog"])
+    vocab = vectorizer.tokenizer.get_vocab()
+    long_text = " ".join(["cat", "dog"] * 200)  # 400 words
+    ids = vectorizer.encode(["The cat, zebra!", long_text, ""])
+    assert ids.dtype == torch.int64 and ids.shape == (3, SEQ_LEN)
+    assert ids[0, :3].tolist() == [vocab["the"], vocab["cat"], OOV_ID]
+    assert (ids[0, 3:] == PAD_ID).all()
+    assert ids[1].tolist() == [vocab["cat"], vocab["dog"]] * (SEQ_LEN // 2)  # the first 250 words
+    assert (ids[2] == PAD_ID).all()
+
+
+def test_special_token_text_is_an_ordinary_word():
+    # Keras would see "[PAD]" as the word "pad"; it must not become the padding id.
+    vectorizer = TextVectorizer.fit(["pad unk pad"])
+    ids = vectorizer.encode(["[PAD] [UNK] x"])[0, :3].tolist()
+    assert ids == [vectorizer.tokenizer.token_to_id("pad"), vectorizer.tokenizer.token_to_id("unk"), OOV_ID]
+
+
+def test_encode_edge_inputs(subset_vectorizer):
+    assert subset_vectorizer.encode([]).shape == (0, SEQ_LEN)
+    with pytest.raises(TypeError, match="list of texts"):
+        subset_vectorizer.encode("a single string")
+
+
+# --- files -------------------------------------------------------------------------------------
+
+
+def test_save_load_round_trip_and_plain_tokenizers_give_equal_ids(subset, subset_vectorizer, tmp_path):
+    texts = subset["test"][0][:100] + TRICKY
+    expected = subset_vectorizer.encode(texts)
+    written = subset_vectorizer.save(tmp_path)  # a folder: tokenizer.json goes inside
+    assert written == tmp_path / "tokenizer.json"
+    assert [p.name for p in tmp_path.iterdir()] == ["tokenizer.json"]  # no temporary left behind
+
+    loaded = TextVectorizer.load(tmp_path)
+    assert torch.equal(loaded.encode(texts), expected)
+    assert loaded.vocab_size == subset_vectorizer.vocab_size and loaded.seq_len == SEQ_LEN
+
+    plain = Tokenizer.from_file(str(written))  # no inceptionlab code involved
+    plain_ids = [encoding.ids for encoding in plain.encode_batch(texts)]
+    assert plain_ids == expected.tolist()
+
+
+def test_save_replaces_an_existing_file(subset_vectorizer, tmp_path):
+    path = tmp_path / "vectorizer.json"
+    TextVectorizer.fit(["other words"]).save(path)
+    subset_vectorizer.save(path)
+    assert TextVectorizer.load(path).vocab_size == subset_vectorizer.vocab_size
+
+
+def test_load_missing_or_corrupt_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        TextVectorizer.load(tmp_path / "absent.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json", encoding="utf-8")
+    with pytest.raises(UserError, match="not a valid tokenizer.json"):
+        TextVectorizer.load(broken)
+    vectorizer = TextVectorizer.fit(["a b"])
+    vectorizer.tokenizer.no_padding()
+    unpadded = vectorizer.save(tmp_path / "unpadded.json")
+    with pytest.raises(UserError, match="no fixed-length padding"):
+        TextVectorizer.load(unpadded)
+
+
+# --- reading IMDB ------------------------------------------------------------------------------
+
+
+def test_subset_counts_match_provenance(subset_root, subset):
+    for split in ("train", "test"):
+        texts, labels = subset[split]
+        assert len(texts) == 1_000
+        assert labels == [0] * 500 + [1] * 500  # sorted by path: neg/ before pos/
+        assert all(texts)
+    direct = load_imdb(subset_root / "aclImdb", "test")  # the aclImdb folder itself
+    assert direct == subset["test"]
+
+
+def test_full_archive_has_25000_reviews_per_split(full_splits, subset, capsys):
+    splits, seconds = full_splits
+    for split in ("train", "test"):
+        texts, labels = splits[split]
+        assert len(texts) == 25_000
+        assert Counter(labels) == {0: 12_500, 1: 12_500}
+        assert set(subset[split][0]) <= set(texts)  # the subset's files are byte-identical members
+    with capsys.disabled():
+        print(f"\nIMDB: read both splits of aclImdb_labeled.tar.gz in one pass: {seconds:.2f} s")
+
+
+def test_folder_and_archive_give_the_same_ordered_reviews_without_unsup(tiny_acl, tmp_path):
+    from_folder = load_imdb_splits(tiny_acl.parent)  # a folder holding aclImdb/
+    from_archive = load_imdb_splits(tar_gz(tiny_acl, tmp_path / "aclImdb_tiny.tar.gz"))
+    assert from_folder == from_archive
+    texts, labels = from_folder["train"]
+    # relative-path order: neg/10_2 < neg/9_1 < pos/3_8 < pos/4_9 (string order, as documented)
+    assert texts == ["train neg ten", "train neg nine", "train pos three", "bad byte \ufffd here"]
+    assert labels == [0, 0, 1, 1]
+    assert not any("unlabelled" in text for text in texts + from_folder["test"][0])
+    assert CLASS_NAMES == ["neg", "pos"]
+
+
+def test_missing_or_empty_folders_are_user_errors(tiny_acl, tmp_path):
+    for path in sorted((tiny_acl / "test" / "pos").iterdir()):
+        path.unlink()
+    with pytest.raises(UserError, match="no .txt reviews"):
+        load_imdb(tiny_acl, "test")
+    (tiny_acl / "test" / "pos").rmdir()
+    with pytest.raises(UserError, match=r"test/pos is missing"):
+        load_imdb(tiny_acl, "test")
+    assert load_imdb(tiny_acl, "train")[1] == [0, 0, 1, 1]  # the other split still reads
+    with pytest.raises(UserError, match=r"has no aclImdb/test/pos"):
+        load_imdb(tar_gz(tiny_acl, tmp_path / "partial.tar.gz"), "test")
+    with pytest.raises(UserError, match="not found"):
+        load_imdb(tmp_path / "nowhere", "train")
+    with pytest.raises(UserError, match="does not exist"):
+        load_imdb(tiny_acl, "unsup")
+
+
+def test_corrupt_archive_is_a_user_error(tmp_path):
+    archive = tmp_path / "aclImdb_v1.tar.gz"
+    archive.write_bytes(b"\x1f\x8b\x08\x00" + bytes(100))
+    with pytest.raises(UserError, match="not a readable tar archive"):
+        load_imdb(archive, "train")
+
+
+def test_download_offline_names_the_file_to_put_there(tmp_path, monkeypatch):
+    with socket.socket() as probe:  # a port nobody listens on: the connection is refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(imdb, "IMDB_URL", f"http://127.0.0.1:{port}/aclImdb_v1.tar.gz")
+    with pytest.raises(UserError) as caught:
+        download_imdb(tmp_path, progress=False)
+    assert str(tmp_path / "aclImdb_v1.tar.gz") in str(caught.value)
+    assert imdb.IMDB_MD5 in str(caught.value)
+
+
+# --- timing (printed, not asserted) ------------------------------------------------------------
+
+
+def test_fit_and_encode_full_train_split(full_splits, capsys):
+    texts, _ = full_splits[0]["train"]
+    start = time.perf_counter()
+    vectorizer = TextVectorizer.fit(texts)
+    fitted = time.perf_counter()
+    ids = vectorizer.encode(texts)
+    encoded = time.perf_counter()
+    assert vectorizer.vocab_size == 10_001  # 25,000 reviews hold far more than 9,999 words
+    assert ids.shape == (25_000, SEQ_LEN)
+    with capsys.disabled():
+        print(
+            f"\nIMDB train (25,000 reviews): fit {fitted - start:.2f} s, encode {encoded - fitted:.2f} s,"
+            f" vocab_size {vectorizer.vocab_size}"
+        )
