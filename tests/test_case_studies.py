@@ -171,3 +171,11 @@ def test_image_files_to_a_text_run_is_a_clear_error(imdb_run, tmp_path, cli):
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(png)
     result = cli("predict", "--run", imdb_run.run_dir, png)
     assert result.code == 2 and "--text" in result.err
+
+
+def test_evaluate_text_run_on_its_test_split(imdb_run, cli):
+    result = cli("evaluate", imdb_run.run_dir, "--split", "test", "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert set(report["per_class"]) == {"neg", "pos"} and "top5" not in report
+    assert report["top1"] == pytest.approx(imdb_run.summary["test"]["top1"])  # same model, same vocabulary

@@ -60,6 +60,7 @@ LOADERS = ("auto", "resident", "workers")
 class TextConfig:
     max_tokens: int = 10_000  # vocabulary budget: padding + out-of-vocabulary + the most frequent tokens
     sequence_length: int = 250  # pad / truncate every text to this many tokens
+    tokenizer: Optional[str] = None  # a saved tokenizer.json to use as is (no fitting): fixed vocabulary
 
     def __post_init__(self) -> None:
         _check_positive("data.text.max_tokens", self.max_tokens)

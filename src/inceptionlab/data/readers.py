@@ -145,7 +145,10 @@ def read_imdb(cfg: DataConfig) -> SplitPair:
     raw = ArraySplit(torch.arange(len(labels["train"])), labels["train"], list(CLASS_NAMES))
     train_idx, val_idx = _carve_validation(raw, cfg) if cfg.val_fraction else (raw, None)
     train_texts = [texts["train"][0][i] for i in train_idx.inputs.tolist()]
-    vectorizer = TextVectorizer.fit(train_texts, max_tokens=cfg.text.max_tokens, seq_len=cfg.text.sequence_length)
+    if cfg.text.tokenizer:
+        vectorizer = TextVectorizer.load(Path(cfg.text.tokenizer))
+    else:
+        vectorizer = TextVectorizer.fit(train_texts, max_tokens=cfg.text.max_tokens, seq_len=cfg.text.sequence_length)
     encode = lambda items: vectorizer.encode(items)  # noqa: E731
     train = ArraySplit(encode(train_texts), train_idx.targets, list(CLASS_NAMES))
     test = ArraySplit(encode(texts["test"][0]), labels["test"], list(CLASS_NAMES))

@@ -100,7 +100,10 @@ def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.
 def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device: torch.device, batch_size: int,
                  num_workers: int | None, weights: Path | None = None) -> Evaluation:
     model, spec = load_run_model(run_dir, weights)
-    recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", [f"data.root={data}"] if data else [])
+    overrides = [f"data.root={data}"] if data else []
+    if spec.tokenizer:  # score with the vocabulary the model was trained with
+        overrides.append(f"data.text.tokenizer={Path(run_dir) / spec.tokenizer}")
+    recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", overrides)
     dataset = read_eval_split(recipe.data, spec_eval_transform(spec), split)
     folders = getattr(dataset, "classes", None) or dataset.class_names
     if folders != spec.class_names:

@@ -1,0 +1,74 @@
+"""Wall time and accuracy of the guide's small case studies, the whole `inceptionlab train` command.
+
+For each recipe and seed: run the CLI in a fresh process (start-up, data reading, training, test,
+plots and export all counted, like timing the guide's whole Keras script), read the run's summary.
+Prints mean +- std over seeds with n. Also compares the two loaders on Fashion-MNIST.
+
+    python benchmarks/case_studies.py [--seeds 3] [--data ../shared/data] [--only fashion_mnist,imdb,cifar10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CASES = {
+    # name: (recipe, data folder under --data, extra overrides)
+    "fashion_mnist": ("fashion_mnist/mlp", "fashion-mnist", []),
+    "imdb": ("imdb/text_classifier", "imdb/aclImdb_labeled.tar.gz", []),
+    "cifar10": ("cifar10/small_cnn", "cifar-10", []),
+}
+# What the guide's own Keras code took here (issue #3: TensorFlow 2.21 CPU, 3 seeds, whole script).
+KERAS = {"fashion_mnist": (0.875, 43.0), "imdb": (0.866, 46.0)}
+
+
+def run_once(recipe: str, data: Path, seed: int, extra: list[str], out: Path) -> dict:
+    cmd = [sys.executable, "-m", "inceptionlab", "train", recipe, "--data", str(data), "--out", str(out),
+           "--no-progress", "--json", "--set", f"train.seed={seed}", *[x for e in extra for x in ("--set", e)]]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    scored = summary.get("test") or summary["last"]
+    return {"wall_s": wall, "accuracy": scored["top1"], "train_wall_s": summary["wall_seconds"]}
+
+
+def describe(values: list[float], digits: int) -> str:
+    mean = statistics.mean(values)
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{mean:.{digits}f} +- {spread:.{digits}f} (n={len(values)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    parser.add_argument("--only", default="fashion_mnist,imdb")
+    parser.add_argument("--loaders", action="store_true", help="also time Fashion-MNIST with data.loader=workers")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only.split(","):
+            recipe, folder, extra = CASES[name]
+            variants = [("resident", extra)]
+            if args.loaders and name == "fashion_mnist":
+                variants.append(("workers (2 processes)", [*extra, "data.loader=workers", "data.num_workers=2"]))
+            for label, overrides in variants:
+                rows = [run_once(recipe, args.data / folder, seed, overrides, Path(tmp)) for seed in range(args.seeds)]
+                line = (f"{name:<14} {label:<22} accuracy {describe([r['accuracy'] for r in rows], 4)}  "
+                        f"wall {describe([r['wall_s'] for r in rows], 1)} s")
+                if name in KERAS:
+                    acc, secs = KERAS[name]
+                    line += f"  (guide's Keras: {acc} / {secs} s; ratio {statistics.mean(r['wall_s'] for r in rows) / secs:.2f})"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
