@@ -74,7 +74,7 @@ def test_val_loss_is_sample_weighted(tmp_path):
     assert outcome.summary["last"]["loss"] == pytest.approx(expected, rel=1e-4)
 
 
-def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, tmp_path):
+def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, tmp_path, capsys):
     straight = fit(recipe_for(image_folder), tmp_path / "a", progress=False)
 
     stop = StopSignal()
@@ -96,8 +96,11 @@ def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, t
     assert (ckpt["epoch"], ckpt["step_in_epoch"]) == (1, 2)
     assert not (stopped.run_dir / "model.pt").exists()
 
+    capsys.readouterr()
     resumed = fit(recipe_for(image_folder), tmp_path / "b", stopped.run_dir, progress=False)
     assert resumed.status == "completed" and resumed.run_dir == stopped.run_dir
+    log = capsys.readouterr().out
+    assert "epoch 2/2 step 3/5" in log and "epoch 2/2 step 5/5" in log and "step 6/" not in log
     a, b = state_of(straight.run_dir / "model.pt"), state_of(resumed.run_dir / "model.pt")
     assert a.keys() == b.keys()
     for key in a:

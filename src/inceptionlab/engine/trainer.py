@@ -429,9 +429,9 @@ def fit(
     should_stop = lambda: any_rank(stop.requested, s.dist, s.device)  # noqa: E731
     with ctrl_c_requests_stop(stop, report.say):
         for epoch in range(start_epoch, epochs):
-            steps_in_epoch = len(s.train_loader) + (start_step if epoch == start_epoch else 0)
             first_step = start_step if epoch == start_epoch else 0
             s.train_loader.set_epoch(epoch, start=first_step * recipe.train.batch_size)
+            steps_in_epoch = first_step + len(s.train_loader)
             loader = report.wrap(s.train_loader, epoch + 1, epochs, first_step)
             lr = s.optimizer.param_groups[0]["lr"]  # the rate this epoch trains with
             log = _chain(report.on_log(epoch + 1, epochs, steps_in_epoch), on_log)
