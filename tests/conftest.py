@@ -80,3 +80,26 @@ FAST = [
     "train.log_every=1",
     "optim.lr=0.01",
 ]
+
+
+@pytest.fixture(scope="session")
+def inception_hub(tmp_path_factory):
+    """A torch hub cache holding a file named like torchvision's Inception v3 ImageNet weights.
+
+    The values are random (real weights cannot be downloaded here): enough to test loading,
+    head replacement and labels, not accuracy.
+    """
+    import torch
+    import torchvision
+
+    from inceptionlab.models.registry import cached_weights_file
+
+    hub = tmp_path_factory.mktemp("torch_home") / "hub"
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(hub))
+    model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
+    target = cached_weights_file("inception_v3")
+    target.parent.mkdir(parents=True)
+    torch.save(model.state_dict(), target)
+    yield {"dir": hub, "state": model.state_dict()}
+    torch.hub.set_dir(previous)

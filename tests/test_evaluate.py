@@ -92,21 +92,16 @@ def test_unprepared_tiny_imagenet_says_what_to_run(tmp_path, cli):
     assert result.code == 2 and "inceptionlab data tiny-imagenet" in result.err
 
 
-def test_pretrained_model_on_wnid_folders(tiny_imagenet, tmp_path, cli):
+def test_pretrained_model_on_wnid_folders(tiny_imagenet, tmp_path, cli, monkeypatch):
     """--model NAME maps tiny-imagenet's wnid folders onto ImageNet's 1000 outputs."""
-    hub = tmp_path / "hub"
-    previous = torch.hub.get_dir()
-    torch.hub.set_dir(str(hub))
-    try:
-        target = cached_weights_file("resnet18")
-        target.parent.mkdir(parents=True)
-        torch.save(torchvision.models.resnet18(weights=None).state_dict(), target)
-        subset = tmp_path / "val"
-        for wnid in sorted(p.name for p in (tiny_imagenet / "val").iterdir() if p.is_dir())[:3]:
-            shutil.copytree(tiny_imagenet / "val" / wnid, subset / wnid)
-        result = cli("evaluate", "--model", "resnet18", "--data", subset, "--json", "--out", tmp_path / "eval")
-    finally:
-        torch.hub.set_dir(previous)
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "hub"))
+    target = cached_weights_file("resnet18")
+    target.parent.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), target)
+    subset = tmp_path / "val"
+    for wnid in sorted(p.name for p in (tiny_imagenet / "val").iterdir() if p.is_dir())[:3]:
+        shutil.copytree(tiny_imagenet / "val" / wnid, subset / wnid)
+    result = cli("evaluate", "--model", "resnet18", "--data", subset, "--json", "--out", tmp_path / "eval")
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert report["samples"] == 150 and set(report["per_class"]) == {"goldfish", "European fire salamander", "bullfrog"}

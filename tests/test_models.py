@@ -10,25 +10,10 @@ from inceptionlab.errors import UserError
 from inceptionlab.models.registry import (
     available_models,
     build_model,
-    cached_weights_file,
     pretrained_spec,
     rebuild_model,
 )
 from inceptionlab.models.spec import ModelSpec
-
-
-@pytest.fixture(scope="session")
-def fake_hub(tmp_path_factory):
-    """A torch hub cache holding a (randomly initialised) file named like torchvision's Inception v3 weights."""
-    hub = tmp_path_factory.mktemp("torch_home") / "hub"
-    previous = torch.hub.get_dir()
-    torch.hub.set_dir(str(hub))
-    model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
-    target = cached_weights_file("inception_v3")
-    target.parent.mkdir(parents=True)
-    torch.save(model.state_dict(), target)
-    yield {"dir": hub, "state": model.state_dict()}
-    torch.hub.set_dir(previous)
 
 
 @pytest.mark.parametrize("name", ["inception_v3", "resnet18", "mobilenet_v3_small", "squeezenet1_0", "googlenet"])
@@ -52,18 +37,18 @@ def test_head_replacement_is_generic(tmp_path, name):
     assert len(kept) >= len(source.state_dict()) - 2  # only the head's weight and bias differ
 
 
-def test_inception_finetune_drops_aux_and_sets_transform_input(fake_hub):
+def test_inception_finetune_drops_aux_and_sets_transform_input(inception_hub):
     built = build_model("inception_v3", num_classes=200, weights="imagenet")
     model = built.model
     assert model.fc.out_features == 200 and model.AuxLogits is None and model.aux_logits is False
     assert model.transform_input is True  # Google's weights expect [-1, 1] inputs
-    assert torch.equal(model.Conv2d_1a_3x3.conv.weight, fake_hub["state"]["Conv2d_1a_3x3.conv.weight"])
+    assert torch.equal(model.Conv2d_1a_3x3.conv.weight, inception_hub["state"]["Conv2d_1a_3x3.conv.weight"])
     assert built.source_classes[0] == "tench" and len(built.source_classes) == 1000
     model.train()
     assert model(torch.rand(2, 3, 75, 75)).shape == (2, 200)  # a plain tensor: no aux output
 
 
-def test_inception_keeps_aux_head_when_weighted(fake_hub):
+def test_inception_keeps_aux_head_when_weighted(inception_hub):
     model = build_model("inception_v3", num_classes=10, weights="imagenet", aux_loss_weight=0.4).model
     assert model.AuxLogits is not None and model.AuxLogits.fc.out_features == 10
     out = model.train()(torch.rand(2, 3, 299, 299))  # the aux head needs 299 px
@@ -71,20 +56,17 @@ def test_inception_keeps_aux_head_when_weighted(fake_hub):
 
 
 def test_missing_weights_say_which_file_goes_where(tmp_path, monkeypatch):
-    torch.hub.set_dir(str(tmp_path / "empty_hub"))
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty_hub"))
     monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
-    try:
-        with pytest.raises(UserError) as err:
-            build_model("inception_v3", num_classes=10, weights="imagenet")
-    finally:
-        torch.hub.set_dir(str(tmp_path / "unused"))
+    with pytest.raises(UserError) as err:
+        build_model("inception_v3", num_classes=10, weights="imagenet")
     message = str(err.value)
     assert "inception_v3_google-0cc3c7bd.pth" in message and "0cc3c7bd" in message
     assert str(tmp_path / "empty_hub" / "checkpoints") in message and "\n" not in message
 
 
-def test_imagenet_if_cached_falls_back_to_scratch(tmp_path):
-    torch.hub.set_dir(str(tmp_path / "empty_hub"))
+def test_imagenet_if_cached_falls_back_to_scratch(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty_hub"))
     built = build_model("inception_v3", num_classes=10, weights="imagenet_if_cached")
     assert built.pretrained is None and built.model.fc.out_features == 10
 

@@ -13,21 +13,6 @@ from PIL import Image
 
 from inceptionlab.config import load_recipe
 from inceptionlab.engine.trainer import fit
-from inceptionlab.models.registry import cached_weights_file
-
-
-@pytest.fixture(scope="module")
-def hub_with_inception(tmp_path_factory):
-    """A torch hub cache holding a file named like torchvision's Inception v3 weights (random values)."""
-    hub = tmp_path_factory.mktemp("torch_home") / "hub"
-    previous = torch.hub.get_dir()
-    torch.hub.set_dir(str(hub))
-    model = torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=False)
-    target = cached_weights_file("inception_v3")
-    target.parent.mkdir(parents=True)
-    torch.save(model.state_dict(), target)
-    yield hub
-    torch.hub.set_dir(previous)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +29,7 @@ def parse_lines(out: str) -> list[dict]:
     return [json.loads(line) for line in out.strip().splitlines()]
 
 
-def test_pretrained_top5_json_on_the_guides_dog(hub_with_inception, cli):
+def test_pretrained_top5_json_on_the_guides_dog(inception_hub, cli):
     dog = shared_data("imagenet-sample") / "images" / "dog.jpg"
     result = cli("predict", dog, "--json")
     assert result.code == 0, result.err
@@ -56,7 +41,7 @@ def test_pretrained_top5_json_on_the_guides_dog(hub_with_inception, cli):
     assert all(names[t["index"]] == t["label"] for t in row["topk"])  # labels come with the weights
 
 
-def test_pretrained_table_over_a_directory(hub_with_inception, cli):
+def test_pretrained_table_over_a_directory(inception_hub, cli):
     images = shared_data("imagenet-sample") / "images"
     result = cli("predict", images, "--topk", "3", "--batch-size", "2")
     assert result.code == 0, result.err
@@ -66,7 +51,7 @@ def test_pretrained_table_over_a_directory(hub_with_inception, cli):
 
 
 def test_missing_weights_is_one_line_not_a_traceback(tmp_path, cli, monkeypatch):
-    torch.hub.set_dir(str(tmp_path / "empty"))
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty"))
     monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: (_ for _ in ()).throw(OSError("offline")))
     result = cli("predict", tmp_path, "--model", "inception_v3")
     assert result.code == 2
