@@ -16,7 +16,6 @@ from PIL import Image
 
 from inceptionlab.config import load_recipe
 from inceptionlab.engine.trainer import fit
-from inceptionlab.infer.predict import load_run_model
 
 
 def run_summary(cli, *args):

@@ -158,10 +158,12 @@ def test_early_stopping(image_folder, tmp_path):
 
 def test_training_learns_the_tiny_task(tmp_path):
     data = make_image_folder(tmp_path / "d", train_per_class=12, val_per_class=4)
-    recipe = recipe_for(data, "model.name=resnet18", "train.epochs=4", "train.batch_size=6", "optim.name=adamw",
-                        "optim.lr=0.001", "optim.weight_decay=0.0", "data.train_crop_scale=[0.5,1.0]")
+    # The BN-free small CNN: batch-norm statistics from 72 images in batches of 6 made resnet18's
+    # validation score a coin toss; this checks that the engine learns, not BN.
+    recipe = recipe_for(data, *SMALL_CNN, "train.epochs=8", "train.batch_size=6", "optim.name=adamw",
+                        "optim.lr=0.003", "optim.weight_decay=0.0", "data.train_crop_scale=[0.5,1.0]")
     outcome = fit(recipe, tmp_path / "runs", progress=False)
-    assert outcome.summary["best"]["top1"] >= 0.75  # chance is 1/3
+    assert outcome.summary["best"]["top1"] >= 0.9  # chance is 1/3; seeds 0, 1, 2 all reach 1.0
 
 
 @pytest.mark.parametrize(

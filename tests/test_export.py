@@ -205,3 +205,18 @@ def test_check_onnx_file_names_the_expected_shapes(tmp_path):
     spec = ModelSpec("resnet18", 3, ["a", "b", "c"], crop_size=32, resize_size=32)
     with pytest.raises(UserError, match=r"\[batch, 3\]"):
         check_onnx_file(tmp_path / "m.onnx", spec)
+
+
+def test_a_text_run_is_refused_with_a_pointer(tmp_path, cli):
+    run = tmp_path / "text_run"
+    run.mkdir()
+    ModelSpec("imdb_text", 2, ["neg", "pos"], input_kind="tokens").save(run / "spec.json")
+    result = cli("export", run)
+    assert result.code == 2 and "a tokens model" in result.err and "exports/text/" in result.err
+
+
+def test_cli_default_opset_matches_the_library():
+    from inceptionlab.cli import export as cli_export
+    from inceptionlab.infer import export as lib_export
+
+    assert cli_export.DEFAULT_OPSET == lib_export.DEFAULT_OPSET

@@ -76,7 +76,8 @@ def plot_bench(results: Path, out_dir: Path) -> list[Path]:
     if not rows:
         return []
     first = rows[0]
-    where = f"{first.get('model', '')} {first.get('input_shape', [''])[-1]} px on {first.get('env', {}).get('device_name', '')}"
+    size = first.get("input_shape", [""])[-1]
+    where = f"{first.get('model', '')} {size} px on {first.get('env', {}).get('device_name', '')}"
     return [
         _bars(rows, "p50_ms", "p90_ms", "latency per batch, ms (p50; whisker p90)", f"latency: {where}",
               Path(out_dir) / "bench_latency.png"),

@@ -34,6 +34,9 @@ def bench(
     calib_images: List[Path] = typer.Option(
         [], "--calib-images", help="Real images for int8 calibration and the agreement check (folders or "
                                    "files; default: the guide's sample pictures and the run's val data)."),
+    holdout_images: List[Path] = typer.Option(
+        [], "--holdout-images", help="Judge agreement on these images instead (e.g. a val split; calibrate "
+                                     "on --calib-images, e.g. train)."),
     holdout: int = typer.Option(200, "--holdout", min=1, help="Held-out images for the agreement check."),
     calibration: int = typer.Option(100, "--calibration", min=1, help="Calibration images for int8."),
     min_agreement: float = typer.Option(0.99, "--min-agreement", min=0.0, max=1.0,
@@ -67,8 +70,8 @@ def bench(
     configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), parse_list(precision, PRECISIONS, "--precision"),
                    parse_list(layout, TORCH_LAYOUTS, "--layout"))
     target = Target(resolve_device(device), provider, tune)
-    settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), holdout, calibration,
-                             min_agreement, onnx)
+    settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
+                             holdout, calibration, min_agreement, onnx)
     from inceptionlab.infer.bench import run_bench
     from inceptionlab.infer.export import load_source
 
@@ -109,7 +112,8 @@ def _print_table(report, source, env, settings) -> None:
     from inceptionlab.infer.bench import format_table
 
     row = report.rows[0]
-    print(f"{source.spec.arch} at {source.spec.crop_size} px ({row['gflop_per_image']:.1f} GFLOP/image), "
+    flops = f"{row['gflop_per_image']:.1f} GFLOP/image" if row["gflop_per_image"] else "GFLOP unknown"
+    print(f"{source.spec.arch} at {source.spec.crop_size} px ({flops}), "
           f"{env['device_name']}, torch threads {env['torch_threads']}; iters {settings.iters}, "
           f"warm-up {settings.warmup}; load average {row['loadavg_1min']}")
     print(format_table(report.rows))

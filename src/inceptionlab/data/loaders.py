@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
 
 from inceptionlab.data.arrays import ArraySplit
-from inceptionlab.data.imagefolder import collate_skipping_unreadable
+from inceptionlab.data.splits import collate_skipping_unreadable
 
 
 class EpochSampler(Sampler[int]):

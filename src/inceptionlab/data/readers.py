@@ -14,7 +14,7 @@ import torch
 
 from inceptionlab.config import DataConfig
 from inceptionlab.data.arrays import ArraySplit
-from inceptionlab.data.imagefolder import RobustImageFolder, SplitPair, image_folder_splits
+from inceptionlab.data.splits import SplitPair
 from inceptionlab.errors import UserError
 
 
@@ -70,10 +70,16 @@ def _reader(cfg: DataConfig) -> ImageReader:
         raise UserError(f"data.reader={cfg.reader!r} is not one of {known}") from None
 
 
-def read_splits(cfg: DataConfig, train_tf: Any, val_tf: Any) -> SplitPair:
+def read_splits(cfg: DataConfig) -> SplitPair:
     """Train and val datasets that agree on their classes (plus a test split when the data has one)."""
     if cfg.reader in ARRAY_READERS:
         return ARRAY_READERS[cfg.reader](cfg)
+    # Image folders decode files per sample through torchvision transforms (imported only here).
+    from inceptionlab.data.imagefolder import image_folder_splits
+    from inceptionlab.data.transforms import eval_transform, train_transform
+
+    train_tf = train_transform(cfg)
+    val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)
     reader = _reader(cfg)
     root = reader.root(cfg)
     splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf)
@@ -90,6 +96,8 @@ def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -
         if (split or "val") not in chosen:
             raise UserError(f"--split {split!r}: {cfg.reader} has the splits train, val, test")
         return chosen[split or "val"]
+    from inceptionlab.data.imagefolder import RobustImageFolder
+
     root = _reader(cfg).root(cfg)
     return RobustImageFolder(root / (split or cfg.val_split), transform=transform)
 

@@ -34,7 +34,6 @@ from inceptionlab.checkpoint import (
 from inceptionlab.config import Recipe, recipe_to_dict, recipe_to_yaml
 from inceptionlab.data.loaders import SkipTrackingLoader, cap_samples, make_loader
 from inceptionlab.data.readers import read_splits
-from inceptionlab.data.transforms import Normalize, eval_transform, train_transform
 from inceptionlab.engine.distributed import DistInfo, any_rank, init_distributed
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, StepSettings, evaluate, train_one_epoch
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
@@ -184,8 +183,7 @@ class Session:
 
 def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[Any, SkipTrackingLoader, SkipTrackingLoader]:
     cfg = recipe.data
-    val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)
-    splits = read_splits(cfg, train_transform(cfg), val_tf)
+    splits = read_splits(cfg)
     train_set = cap_samples(splits.train, cfg.max_train_samples, recipe.train.seed)
     val_set = cap_samples(splits.val, cfg.max_val_samples, recipe.train.seed)
     if len(train_set) == 0 or len(val_set) == 0:
@@ -250,8 +248,7 @@ def build_session(recipe: Recipe) -> Session:
     scheduler = build_scheduler(optimizer, recipe.schedule, recipe.train.epochs)
     scaler = torch.amp.GradScaler(device.type, enabled=recipe.train.precision == "fp16")
     spec = _make_spec(recipe, splits, num_classes, built.arch_kwargs)
-    prepare = (Normalize(spec.mean, spec.std, channels_last=recipe.train.channels_last).to(device)
-               if spec.input_kind == "image" else _identity)
+    prepare = input_preparation(spec, recipe.train.channels_last, device)
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
     notes = list(splits.notes)
@@ -267,6 +264,15 @@ def build_session(recipe: Recipe) -> Session:
 
 def _identity(inputs: torch.Tensor) -> torch.Tensor:
     return inputs
+
+
+def input_preparation(spec: ModelSpec, channels_last: bool, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 images -> normalised floats on the device; token ids pass through."""
+    if spec.input_kind != "image":
+        return _identity
+    from inceptionlab.data.transforms import Normalize
+
+    return Normalize(spec.mean, spec.std, channels_last=channels_last).to(device)
 
 
 def _checkpoint(s: Session, epoch: int, step: int, best: BestTracker, best_summary: dict[str, Any] | None) -> dict[str, Any]:

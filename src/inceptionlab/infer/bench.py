@@ -44,7 +44,6 @@ from inceptionlab.infer.quantize import (
 )
 from inceptionlab.infer.runtimes import (
     NATIVE_LAYOUT,
-    PRECISIONS,
     REDUCED_PRECISIONS,
     TORCH_LAYOUTS,
     Artifacts,
@@ -130,7 +129,7 @@ class Timing:
             "p50_ms": round(float(np.percentile(times, 50)), 3),
             "p90_ms": round(float(np.percentile(times, 90)), 3),
             "p99_ms": round(float(np.percentile(times, 99)), 3),
-            "img_per_s": round(batch * 1000.0 / mean, 2),
+            "img_per_s": round(batch * 1000.0 / mean, 3),
         }
 
 
@@ -156,15 +155,18 @@ def time_session(session: Session, inputs: np.ndarray, iters: int, warmup: int, 
     return Timing(setup_ms, first_ms, times)
 
 
-def gflop_per_image(model: torch.nn.Module, input_shape: tuple[int, int, int]) -> float:
+def gflop_per_image(model: torch.nn.Module, input_shape: tuple[int, int, int]) -> float | None:
     """Forward FLOPs per image (a multiply-add counts 2), counted on meta tensors: no compute.
-    Inception v3 at 299 px: 11.4 GFLOP (5.7 GMACs)."""
+    Inception v3 at 299 px: 11.4 GFLOP (5.7 GMACs). None for a model the counter cannot trace."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    meta = copy.deepcopy(model).to("meta").eval()
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        meta(torch.empty(1, *input_shape, device="meta"))
-    return counter.get_total_flops() / 1e9
+    try:
+        meta = copy.deepcopy(model).to("meta").eval()
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            meta(torch.empty(1, *input_shape, device="meta"))
+    except Exception:  # an op without a meta kernel: report no GFLOP/s rather than fail the bench
+        return None
+    return round(counter.get_total_flops() / 1e9, 3)
 
 
 # --------------------------------------------------------------------------------------- environment
@@ -217,6 +219,7 @@ class BenchSettings:
     warmup: int = 10
     target: Target = field(default_factory=Target)
     calib_images: list[Path] = field(default_factory=list)
+    holdout_images: list[Path] = field(default_factory=list)  # empty: held out from calib_images
     holdout: int = MIN_HOLDOUT_IMAGES
     calibration: int = CALIBRATION_IMAGES
     min_agreement: float = MIN_AGREEMENT
@@ -226,6 +229,7 @@ class BenchSettings:
         data = asdict(self)
         data["target"] = asdict(self.target)
         data["calib_images"] = [str(p) for p in self.calib_images]
+        data["holdout_images"] = [str(p) for p in self.holdout_images]
         data["onnx"] = str(self.onnx) if self.onnx else None
         return data
 
@@ -269,12 +273,13 @@ def run_bench(source: ModelSource, configs: list[Config], settings: BenchSetting
     """Measure every configuration at every batch size; `on_rows` gets each configuration's rows."""
     report = BenchReport()
     if any(c.precision in REDUCED_PRECISIONS for c in configs):
+        held = image_files(settings.holdout_images, source) if settings.holdout_images else None
         report.sets = image_sets(image_files(settings.calib_images or None, source), source.spec,
-                                 settings.calibration, settings.holdout)
+                                 settings.calibration, settings.holdout, held)
         log(f"agreement images: {report.sets.describe()}")
     artifacts = Artifacts(source, settings.calib_images or None, report.sets, settings.onnx, log)
     reference = _Reference(source, report.sets)
-    context = {"gflop_per_image": round(gflop_per_image(source.model, source.input_shape), 3)}
+    context = {"gflop_per_image": gflop_per_image(source.model, source.input_shape)}
     baseline: dict[int, float] = {}
     for config in configs:
         try:
@@ -312,7 +317,7 @@ def _measure_config(config: Config, artifacts: Artifacts, settings: BenchSetting
         timing = time_session(session, inputs, settings.iters, settings.warmup, setup_ms)
         row = {**asdict(config), "batch": batch, "provider": session.provider, **timing.stats(batch),
                **context, "loadavg_1min": load_average()}
-        row["gflops"] = round(row["gflop_per_image"] * row["img_per_s"], 1)
+        row["gflops"] = round(row["gflop_per_image"] * row["img_per_s"], 1) if row["gflop_per_image"] else None
         rows.append(row)
         log(f"{config.label:<28} batch {batch:>3}: p50 {row['p50_ms']:9.2f} ms  {row['img_per_s']:8.1f} img/s  "
             f"({session.provider})")
@@ -352,8 +357,9 @@ def append_results(path: Path, records: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------------------- table
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return format("-" if value is None else value, spec)
+def _fmt(value: Any, width: int, spec: str = "") -> str:
+    """Right-aligned in `width` columns; "-" for a value that does not apply (None)."""
+    return f"{'-' if value is None else format(value, spec):>{width}}"
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -370,6 +376,6 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             lines.append(
                 f"{r['backend']:<12} {r['precision']:<9} {r['layout']:<13} {batch:>5} {r['first_ms']:>9.1f} "
                 f"{r['mean_ms']:>9.2f} {r['p50_ms']:>9.2f} {r['p90_ms']:>9.2f} {r['p99_ms']:>9.2f} "
-                f"{r['img_per_s']:>8.1f} {r['gflops']:>8.1f} {_fmt(speedup, '>8')} {_fmt(agree, '>6')} "
-                f"{_fmt(usable, '>6')}  {r['provider']}")
+                f"{r['img_per_s']:>8.1f} {_fmt(r['gflops'], 8, '.1f')} {_fmt(speedup, 8)} {_fmt(agree, 6)} "
+                f"{_fmt(usable, 6)}  {r['provider']}")
     return "\n".join(lines)

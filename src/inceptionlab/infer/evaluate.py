@@ -21,7 +21,7 @@ from inceptionlab.config import load_recipe
 from inceptionlab.data.imagefolder import RobustImageFolder
 from inceptionlab.data.loaders import make_loader
 from inceptionlab.data.readers import read_eval_split
-from inceptionlab.data.transforms import spec_eval_transform, spec_normalize
+from inceptionlab.data.transforms import spec_eval_transform
 from inceptionlab.engine.loop import StepSettings, evaluate
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
@@ -89,8 +89,9 @@ def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.
     model = model.to(device).eval()
     loader = make_loader(dataset, batch_size=batch_size, train=False, seed=0, num_workers=num_workers,
                          pin_memory=device.type == "cuda", device=device)
-    prepare = spec_normalize(spec).to(device) if spec.input_kind == "image" else (lambda tokens: tokens)
-    settings = StepSettings(device, precision, prepare)
+    from inceptionlab.engine.trainer import input_preparation
+
+    settings = StepSettings(device, precision, input_preparation(spec, False, device))
     task = make_task(spec.task, spec.num_classes)
     result = evaluate(model, loader, task, settings)
     result["skipped"] = loader.skipped

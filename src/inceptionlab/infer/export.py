@@ -125,6 +125,10 @@ def load_source(run_dir: Path | None = None, model: str | None = None, weights: 
 def _run_source(run_dir: Path, weights: Path | None) -> ModelSource:
     from inceptionlab.infer.predict import load_run_model
 
+    kind = ModelSpec.load(RunDir.open(run_dir).spec_file).input_kind
+    if kind != "image":
+        raise UserError(f"{run_dir}: a {kind} model; export and bench take image classifiers "
+                        "(training already wrote a text run's export to exports/text/)")
     net, spec = load_run_model(run_dir, weights)
     path = weights or RunDir.open(run_dir).weights_for_inference()
     net = _drop_aux(net)
@@ -510,13 +514,16 @@ def check_onnx_file(path: Path, spec: ModelSpec) -> None:
                         "another model; re-run `inceptionlab export`")
 
 
-def current_export(source: ModelSource, path: Path | None = None) -> Path | None:
-    """The existing export when it is valid and was made from exactly these weights, else None."""
+def current_export(source: ModelSource, path: Path | None = None, dynamic_batch: bool = False) -> Path | None:
+    """The existing export when it is valid, was made from exactly these weights (and has a dynamic
+    batch axis, when asked), else None."""
     path = Path(path) if path else source.onnx_file
     meta = read_sidecar(path)
     if not path.is_file() or meta is None:
         return None
     if meta.get("source", {}).get("weights_sha256") != source.weights_sha256:
+        return None
+    if dynamic_batch and not meta.get("dynamic_batch"):
         return None
     check_onnx_file(path, source.spec)
     if hashlib.sha256(path.read_bytes()).hexdigest() != meta.get("sha256"):
@@ -525,12 +532,13 @@ def current_export(source: ModelSource, path: Path | None = None) -> Path | None
 
 
 def ensure_export(source: ModelSource, images: list[Path] | None = None, log: Any = None) -> Path:
-    """The source's ONNX file, exported (with the parity check) unless a current one exists."""
-    found = current_export(source)
+    """The source's ONNX file with a dynamic batch axis (one file for every batch size), exported
+    with the parity check unless a current one exists."""
+    found = current_export(source, dynamic_batch=True)
     if found is not None:
         return found
     if log:
-        log(f"exporting {source.label} to {source.onnx_file} (no current export for these weights)")
+        log(f"exporting {source.label} to {source.onnx_file} (no current dynamic-batch export of these weights)")
     result = export_onnx(source, images=images)
     if log:
         log(result.parity.describe())

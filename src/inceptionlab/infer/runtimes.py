@@ -145,7 +145,7 @@ class Session(ABC):
         outputs = []
         for start in range(0, len(inputs), self.batch):
             chunk = inputs[start:start + self.batch]
-            padded = np.concatenate([chunk, np.repeat(chunk[-1:], self.batch - len(chunk), 0)]) if len(chunk) < self.batch else chunk
+            padded = np.concatenate([chunk, np.repeat(chunk[-1:], self.batch - len(chunk), 0)])
             outputs.append(self.to_numpy(self.run(self.place(np.ascontiguousarray(padded))))[: len(chunk)])
         return np.concatenate(outputs) if outputs else np.zeros((0, 0), np.float32)
 
@@ -202,7 +202,7 @@ class TorchSession(Session):
             torch._inductor.config.freezing = True
             self.fn = torch.compile(model, mode=compile_mode, dynamic=False)
         kind = f"torch.compile ({compile_mode or 'default'}, inductor)" if compiled else "torch eager"
-        self.provider = f"{kind} {self.device.type}" + (f" autocast {precision}" if self.dtype else "")
+        self.provider = f"{kind} {self.device.type} " + (f"autocast {precision}" if self.dtype else "fp32")
 
     def place(self, inputs: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(inputs).to(self.device).contiguous(memory_format=self.memory_format)
@@ -343,6 +343,8 @@ def choose_ort_provider(target: Target) -> OrtProvider:
         candidates = ["cpu"] if target.device == "cpu" else (["migraphx"] if torch.version.hip else ["cuda", "tensorrt"])
     elif target.provider in ORT_PROVIDERS:
         candidates = [target.provider]
+    elif target.provider == "rocm":
+        raise UserError("--provider rocm: ONNX Runtime removed its ROCm provider (1.23); use --provider migraphx")
     else:
         raise UserError(f"--provider {target.provider!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
     for name in candidates:
@@ -387,7 +389,11 @@ class OrtSession(Session):
         for folder in ("tensorrt", "migraphx"):
             if folder in str(provider_options.values()):
                 (cache / folder).mkdir(parents=True, exist_ok=True)
-        providers = [(provider.ep, provider_options)] + ([] if provider.ep == "CPUExecutionProvider" else ["CPUExecutionProvider"])
+        # CPU as the second provider: ORT places the odd node a GPU provider lacks there (a node-level
+        # fallback, not the whole model, which the check below catches).
+        providers = [(provider.ep, provider_options)]
+        if provider.ep != "CPUExecutionProvider":
+            providers.append("CPUExecutionProvider")  # type: ignore[arg-type]
         try:
             self.session = ort.InferenceSession(str(model), options, providers=providers)
         except Exception as exc:

@@ -9,15 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-import torchvision
 from torch import nn
-from torchvision.models import get_model_weights, list_models
 
 from inceptionlab.errors import UserError
 from inceptionlab.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torchvision
+
+
+def _tv_models() -> Any:
+    """torchvision.models, imported on first use: it adds ~1.3 s to start-up, and the text and
+    in-memory case studies never need it."""
+    import torchvision.models
+
+    return torchvision.models
 
 # Our own models (the guide's small case-study networks register here).
 _OWN_MODELS: dict[str, Callable[..., nn.Module]] = {}
@@ -48,7 +57,8 @@ def _load_own_models() -> None:
 
 def available_models() -> list[str]:
     _load_own_models()
-    return sorted(set(list_models(module=torchvision.models)) | set(_OWN_MODELS))
+    models = _tv_models()
+    return sorted(set(models.list_models(module=models)) | set(_OWN_MODELS))
 
 
 def _check_known(name: str) -> None:
@@ -59,8 +69,8 @@ def _check_known(name: str) -> None:
         )
 
 
-def default_weights(name: str) -> torchvision.models.WeightsEnum:
-    return get_model_weights(name).DEFAULT
+def default_weights(name: str) -> "torchvision.models.WeightsEnum":
+    return _tv_models().get_model_weights(name).DEFAULT
 
 
 def cached_weights_file(name: str) -> Path:
@@ -186,14 +196,14 @@ def build_model(
         if name in _PRETRAINED_ARCH_KWARGS:
             kwargs.setdefault("aux_logits", wants_aux)
             kwargs.setdefault("init_weights", True)  # torchvision's init; None only adds a warning
-        model = torchvision.models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
+        model = _tv_models().get_model(name, weights=None, num_classes=num_classes, **kwargs)
         return BuiltModel(model, {**kwargs, **_arch_kwargs(model)}, None, None)
 
     state = _load_imagenet_state_dict(name) if weights == "imagenet" else _load_state_dict_file(Path(weights))
     meta = default_weights(name).meta
     source_classes = list(meta["categories"])
     pretrained_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **kwargs}
-    model = torchvision.models.get_model(name, weights=None, num_classes=len(source_classes), **pretrained_kwargs)
+    model = _tv_models().get_model(name, weights=None, num_classes=len(source_classes), **pretrained_kwargs)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
@@ -213,7 +223,7 @@ def rebuild_model(spec: ModelSpec) -> nn.Module:
     _check_known(spec.arch)
     if spec.arch in _OWN_MODELS:
         return _OWN_MODELS[spec.arch](num_classes=spec.num_classes, **spec.arch_kwargs)
-    return torchvision.models.get_model(spec.arch, weights=None, num_classes=spec.num_classes, **spec.arch_kwargs)
+    return _tv_models().get_model(spec.arch, weights=None, num_classes=spec.num_classes, **spec.arch_kwargs)
 
 
 def pretrained_spec(name: str) -> ModelSpec:

@@ -1,0 +1,160 @@
+"""`inceptionlab bench`: the --json schema, the comparison table, results.jsonl rows, plots, bad options."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import FAST, make_image_folder
+
+from inceptionlab.config import load_recipe
+from inceptionlab.engine.trainer import fit
+
+pytest.importorskip("onnxruntime")
+
+SCHEMA = {  # the keys the issue names, with their types
+    "backend": str, "precision": str, "batch": int, "first_ms": float, "mean_ms": float, "p50_ms": float,
+    "p90_ms": float, "p99_ms": float, "img_per_s": float, "provider": str,
+}
+FAST_BENCH = ["--iters", "3", "--warmup", "1", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def run_and_images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    data = make_image_folder(root / "data")
+    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "train.epochs=1", "model.name=resnet18"])
+    run_dir = fit(recipe, root / "runs", progress=False).run_dir
+    pool = make_image_folder(root / "pool", train_per_class=0, val_per_class=8, seed=2) / "val"
+    return run_dir, pool
+
+
+def rows_of(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.strip().splitlines()]
+
+
+def test_json_rows_have_the_schema_and_reduced_precision_is_judged(run_and_images, cli):
+    run_dir, pool = run_and_images
+    result = cli("bench", run_dir, "--backend", "eager,onnxruntime", "--precision", "fp32,int8", "--batch", "1,2",
+                 *FAST_BENCH, "--calib-images", pool, "--holdout", "16", "--calibration", "8", "--json")
+    assert result.code == 0, result.err
+    rows = rows_of(result.out)
+    configs = [(r["backend"], r["precision"], r["batch"]) for r in rows]
+    # eager fp32 first (the speed-up reference); eager has no int8: skipped, and said so on stderr
+    assert configs == [("eager", "fp32", 1), ("eager", "fp32", 2), ("onnxruntime", "fp32", 1),
+                       ("onnxruntime", "fp32", 2), ("onnxruntime", "int8", 1), ("onnxruntime", "int8", 2)]
+    assert "skipped eager int8: eager has no int8 path" in result.err
+    for row in rows:
+        for key, kind in SCHEMA.items():
+            assert isinstance(row[key], kind), (key, row)
+        assert row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
+        assert row["img_per_s"] == pytest.approx(row["batch"] * 1000 / row["mean_ms"], rel=5e-3)
+        assert row["gflops"] > 0 and row["gflop_per_image"] > 0
+    assert all(r["provider"] == "CPUExecutionProvider" for r in rows if r["backend"] == "onnxruntime")
+    assert [r["speedup"] for r in rows if r["backend"] == "eager"] == [1.0, 1.0]
+    int8 = [r for r in rows if r["precision"] == "int8"]
+    # 16 held-out images: agreement measured, but too few to call the model usable (rule: >= 200)
+    assert all(0.0 <= r["agreement"] <= 1.0 and r["usable"] is False and r["agreement_images"] == 16 for r in int8)
+    assert "only 16 held-out images" in int8[0]["usable_reason"]
+    assert all(r["agreement"] is None for r in rows if r["precision"] == "fp32")
+
+
+def test_results_file_records_command_versions_device_and_settings(run_and_images, cli):
+    run_dir, _ = run_and_images
+    results = run_dir / "bench" / "results.jsonl"
+    before = len(results.read_text().splitlines()) if results.exists() else 0
+    result = cli("bench", run_dir, "--backend", "eager", "--layout", "nchw,channels_last", "--batch", "2",
+                 *FAST_BENCH, "--no-plot")
+    assert result.code == 0, result.err
+    lines = results.read_text().splitlines()
+    assert len(lines) == before + 2
+    row = json.loads(lines[-1])
+    assert row["command"].startswith(f"inceptionlab bench {run_dir} --backend eager --precision fp32")
+    assert row["env"]["versions"]["torch"] == torch.__version__.split("+")[0] or row["env"]["versions"]["torch"]
+    assert row["env"]["device"] == "cpu" and row["env"]["torch_threads"] >= 1 and row["env"]["cpu"]
+    assert row["settings"]["iters"] == 3 and row["settings"]["warmup"] == 1 and row["settings"]["batches"] == [2]
+    assert row["weights_sha256"] and row["input_shape"] == [3, 75, 75] and row["run_id"]
+    assert {json.loads(line)["layout"] for line in lines[-2:]} == {"nchw", "channels_last"}
+
+
+def test_table_compares_against_eager_fp32_and_plots_are_drawn(run_and_images, cli):
+    run_dir, _ = run_and_images
+    result = cli("bench", run_dir, "--backend", "eager,onnxruntime", "--batch", "1", *FAST_BENCH)
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].startswith("resnet18 at 75 px") and "GFLOP/image" in lines[0] and "load average" in lines[0]
+    assert "speed-up" in lines[1] and "p99 ms" in lines[1] and "GFLOP/s" in lines[1]
+    eager = next(line for line in lines if line.startswith("eager"))
+    assert "1.00x" in eager
+    assert any(line.startswith("onnxruntime") and "CPUExecutionProvider" in line for line in lines)
+    for name in ("bench_latency.png", "bench_throughput.png"):
+        assert (run_dir / "plots" / name).stat().st_size > 1000
+    replot = cli("plot", run_dir)
+    assert replot.code == 0, replot.err and "bench_latency.png" in replot.out
+
+
+def test_table_marks_values_that_do_not_apply():
+    from inceptionlab.infer.bench import format_table
+
+    row = {"backend": "onnxruntime", "precision": "int8", "layout": "native", "batch": 1, "first_ms": 3.0,
+           "mean_ms": 2.0, "p50_ms": 2.0, "p90_ms": 2.5, "p99_ms": 3.0, "img_per_s": 500.0, "gflops": None,
+           "speedup": None, "agreement": 0.97, "usable": False, "provider": "CPUExecutionProvider"}
+    header, _, line = format_table([row]).splitlines()
+    assert line.split()[10:] == ["-", "-", "97.0%", "NO", "CPUExecutionProvider"]
+    assert len(line) == len(header) + len("CPUExecutionProvider") - len("provider")
+
+
+def test_bench_plot_draws_only_the_latest_call(tmp_path):
+    from inceptionlab.bench_plots import latest_run, plot_bench
+
+    base = {"backend": "eager", "precision": "fp32", "layout": "nchw", "p50_ms": 10.0, "p90_ms": 12.0,
+            "img_per_s": 100.0, "model": "m", "input_shape": [3, 8, 8]}
+    rows = [{**base, "batch": 1, "run_id": "a"}, {**base, "batch": 1, "run_id": "b"}, {**base, "batch": 4, "run_id": "b"}]
+    assert [r["batch"] for r in latest_run(rows)] == [1, 4]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut by a cra')
+    paths = plot_bench(results, tmp_path / "plots")
+    assert [p.name for p in paths] == ["bench_latency.png", "bench_throughput.png"]
+    assert plot_bench(tmp_path / "absent.jsonl", tmp_path / "plots") == []
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--backend", "tensorflow"], "--backend tensorflow: use a comma list of eager, compile"),
+    (["--precision", "int4"], "--precision int4"),
+    (["--batch", "0"], "--batch 0"),
+    (["--batch", "one"], "--batch one"),
+    (["--layout", "nhwc"], "--layout nhwc"),
+    (["--device", "tpu"], "--device 'tpu'"),
+    (["--backend", "onnxruntime", "--provider", "tpu", "--device", "cpu"], "--provider 'tpu'"),
+])
+def test_bad_options_are_one_line_errors(run_and_images, cli, args, words):
+    run_dir, _ = run_and_images
+    result = cli("bench", run_dir, "--iters", "1", "--no-plot", *args)
+    assert result.code == 2, result.err
+    assert words in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def test_nothing_measurable_is_an_error(run_and_images, cli):
+    run_dir, _ = run_and_images
+    result = cli("bench", run_dir, "--backend", "eager", "--precision", "int8", *FAST_BENCH, "--no-plot")
+    assert result.code == 2 and "nothing could be measured" in result.err
+
+
+def test_list_shows_runtimes_and_providers(cli):
+    result = cli("bench", "--list", "--json")
+    assert result.code == 0, result.err
+    rows = {r["backend"]: r for r in rows_of(result.out)}
+    assert rows["onnxruntime"]["available"] and "CPUExecutionProvider" in rows["onnxruntime"]["details"]
+    assert rows["eager"]["precisions"] == ["fp32", "bf16", "fp16"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_bench_on_the_gpu_reports_the_gpu(run_and_images, cli):
+    run_dir, _ = run_and_images
+    result = cli("bench", run_dir, "--backend", "eager", "--precision", "fp32,fp16", "--batch", "1,4",
+                 "--iters", "3", "--warmup", "1", "--device", "cuda", "--json", "--no-plot")
+    assert result.code == 0, result.err
+    rows = rows_of(result.out)
+    assert all("cuda" in r["provider"] for r in rows)

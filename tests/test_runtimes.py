@@ -1,0 +1,224 @@
+"""Runtimes: each one installed here runs on the CPU and agrees with eager fp32; providers are honest;
+int8 quantization is judged by top-1 agreement on held-out real images."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import FAST, make_image_folder
+
+from inceptionlab.errors import UserError
+from inceptionlab.infer.export import ModelSource, load_source, random_inputs, state_checksum, torch_logits
+from inceptionlab.infer.quantize import MIN_HOLDOUT_IMAGES, image_sets, judge
+from inceptionlab.infer.runtimes import RUNTIMES, Artifacts, Target, Unsupported, choose_ort_provider, describe_runtimes
+from inceptionlab.models.registry import build_model
+from inceptionlab.models.spec import ModelSpec
+
+pytest.importorskip("onnxruntime")
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Artifacts:
+    """The guide's CIFAR-10 CNN at 32 px (random weights, seed 0): every runtime opens it in seconds."""
+    torch.manual_seed(0)
+    model = build_model("cifar10_cnn", 10).model.eval()
+    spec = ModelSpec("cifar10_cnn", 10, [str(i) for i in range(10)], crop_size=32, resize_size=32)
+    source = ModelSource(model, spec, "cifar10_cnn", "random", state_checksum(model), tmp_path_factory.mktemp("tiny"))
+    return Artifacts(source)
+
+
+def installed(backend: str) -> bool:
+    return RUNTIMES[backend].missing() is None
+
+
+CASES = [  # (backend, precision, layout, tolerance relative to the largest logit)
+    ("eager", "fp32", "nchw", 1e-5),
+    ("eager", "fp32", "channels_last", 1e-5),
+    ("eager", "bf16", "channels_last", 3e-2),  # bf16 keeps 8 mantissa bits: ~0.4% per op
+    ("compile", "fp32", "nchw", 1e-4),
+    ("onnxruntime", "fp32", "native", 1e-5),
+    ("openvino", "fp32", "native", 1e-5),
+    ("openvino", "bf16", "native", 3e-2),
+]
+
+
+@pytest.mark.parametrize("backend,precision,layout,rtol", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
+def test_each_installed_runtime_runs_on_cpu_and_matches_eager_fp32(tiny, backend, precision, layout, rtol):
+    if not installed(backend):
+        pytest.skip(f"{backend} not installed")
+    session = RUNTIMES[backend].open(tiny, precision, layout, Target("cpu"), batch=2)
+    inputs = random_inputs(5, (3, 32, 32))  # 5 = two full batches + one padded
+    got = session.predict(inputs)
+    want = torch_logits(tiny.source.model, inputs)
+    assert got.shape == want.shape == (5, 10)
+    assert np.abs(got - want).max() <= rtol * np.abs(want).max()
+    placed = session.place(inputs[:2])
+    assert session.to_numpy(session.run(placed)).shape == (2, 10)
+    assert precision in session.provider or backend == "onnxruntime"
+    if backend == "onnxruntime":
+        assert session.provider == "CPUExecutionProvider"
+
+
+def test_openvino_fp32_is_asked_for_explicitly(tiny):
+    """On bf16-capable CPUs OpenVINO runs bf16 unless told f32: the fp32 row must really be f32."""
+    if not installed("openvino"):
+        pytest.skip("openvino not installed")
+    session = RUNTIMES["openvino"].open(tiny, "fp32", "native", Target("cpu"), batch=1)
+    assert session.provider.endswith("CPU fp32")
+
+
+def test_unsupported_combinations_say_why(tiny):
+    with pytest.raises(Unsupported, match="no int8 path"):
+        RUNTIMES["eager"].open(tiny, "int8", "nchw", Target("cpu"), batch=1)
+    with pytest.raises(Unsupported, match="no bf16"):
+        RUNTIMES["onnxruntime"].open(tiny, "bf16", "native", Target("cpu"), batch=1)
+    with pytest.raises(Unsupported, match="CPUExecutionProvider has no fp16"):
+        RUNTIMES["onnxruntime"].open(tiny, "fp16", "native", Target("cpu"), batch=1)
+
+
+def test_a_missing_provider_is_an_error_naming_what_is_installed():
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has the CUDA provider")
+    with pytest.raises(UserError, match=r"no CUDAExecutionProvider here \(installed: .*CPUExecutionProvider"):
+        choose_ort_provider(Target("cuda", "cuda"))
+    with pytest.raises(UserError, match="MIGraphXExecutionProvider"):
+        choose_ort_provider(Target("cuda", "migraphx"))
+    with pytest.raises(UserError, match="removed its ROCm provider.*use --provider migraphx"):
+        choose_ort_provider(Target("cuda", "rocm"))
+    with pytest.raises(UserError, match="use auto or one of"):
+        choose_ort_provider(Target("cpu", "coreml"))
+
+
+@pytest.mark.filterwarnings("ignore:Specified provider 'CUDAExecutionProvider' is not in available")
+def test_a_silent_fallback_to_cpu_is_caught(tiny, monkeypatch):
+    """ONNX Runtime quietly runs on the CPU when a GPU provider cannot load; that must not be timed."""
+    import inceptionlab.infer.runtimes as runtimes
+
+    import onnxruntime
+
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime really has the CUDA provider")
+    monkeypatch.setattr(runtimes, "ort_installed_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(UserError, match="fell back from CUDAExecutionProvider to CPUExecutionProvider"):
+        RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cuda", "cuda"), batch=1)
+
+
+def test_onnxruntime_reuses_its_optimized_graph_from_disk(tiny):
+    cache = tiny.cache / "onnxruntime"
+    RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cpu"), batch=1)
+    [optimized] = cache.glob("ort-optimized-*.onnx")
+    stamp = optimized.stat().st_mtime_ns
+    again = RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cpu"), batch=4)
+    assert optimized.stat().st_mtime_ns == stamp and len(list(cache.glob("*.onnx"))) == 1
+    assert again.predict(random_inputs(4, (3, 32, 32))).shape == (4, 10)
+
+
+def test_describe_runtimes_lists_every_backend_and_the_cpu_provider():
+    rows = {r["backend"]: r for r in describe_runtimes()}
+    assert set(rows) == {"eager", "compile", "onnxruntime", "openvino"}
+    assert rows["eager"]["available"] and "CPUExecutionProvider" in rows["onnxruntime"]["details"]
+
+
+# --------------------------------------------------------------------------------------- int8
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """resnet18 trained on coloured squares (a model with real margins) + 260 more such images."""
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.trainer import fit
+
+    root = tmp_path_factory.mktemp("int8")
+    data = make_image_folder(root / "data")
+    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "model.name=resnet18"])
+    run_dir = fit(recipe, root / "runs", progress=False).run_dir
+    pool = make_image_folder(root / "pool", train_per_class=0, val_per_class=87, seed=1) / "val"
+    source = load_source(run_dir=run_dir)
+    return source, pool
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_int8_agreement_on_held_out_real_images(trained, backend):
+    from inceptionlab.infer.export import image_files
+
+    if not installed(backend):
+        pytest.skip(f"{backend} not installed")
+    source, pool = trained
+    sets = image_sets(image_files([pool], source), source.spec, calibration=40, holdout=MIN_HOLDOUT_IMAGES)
+    assert len(sets.calibration) == 40 and len(sets.holdout) == MIN_HOLDOUT_IMAGES
+    artifacts = Artifacts(source, sets=sets)
+    session = RUNTIMES[backend].open(artifacts, "int8", "native", Target("cpu"), batch=8)
+    assert "int8" in session.provider or session.provider == "CPUExecutionProvider"
+    inputs = sets.holdout_inputs()
+    verdict = judge(torch_logits(source.model, inputs), session.predict(inputs))
+    assert verdict.images == MIN_HOLDOUT_IMAGES
+    assert verdict.agreement >= 0.99 and verdict.usable, verdict.reason
+    # the quantized model is cached: a second request reuses the file
+    first = artifacts.onnx_int8() if backend == "onnxruntime" else artifacts.openvino_int8()
+    assert Artifacts(source, sets=sets).__getattribute__(
+        "onnx_int8" if backend == "onnxruntime" else "openvino_int8")() == first
+
+
+def test_int8_is_quantized_for_real(trained):
+    """The QDQ model holds int8 weights and uint8 activations, per channel (not a copy of fp32)."""
+    import onnx
+
+    from inceptionlab.infer.export import image_files
+
+    source, pool = trained
+    sets = image_sets(image_files([pool], source)[:30], source.spec, calibration=10, holdout=20)
+    model = onnx.load(str(Artifacts(source, sets=sets).onnx_int8()))
+    ops = {node.op_type for node in model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    weight_types = {init.data_type for init in model.graph.initializer}
+    assert onnx.TensorProto.INT8 in weight_types and onnx.TensorProto.UINT8 in weight_types
+
+
+def test_agreement_rule():
+    reference = np.eye(4)[np.arange(300) % 4] * 3.0
+    same = reference.copy()
+    assert judge(reference, same).usable
+    two_flips = same.copy()
+    two_flips[:4] = np.roll(two_flips[:4], 1, axis=1)  # 4 of 300 disagree: 98.7% < 99%
+    verdict = judge(reference, two_flips)
+    assert not verdict.usable and "98.7% < 99%" in verdict.reason
+    small = judge(reference[:150], same[:150])
+    assert small.agreement == 1.0 and not small.usable and "only 150 held-out images" in small.reason
+    assert not judge(reference[:0], same[:0]).usable
+
+
+# --------------------------------------------------------------------------------------- GPU
+
+
+def gpu(test):
+    for mark in reversed(GPU):
+        test = mark(test)
+    return test
+
+
+@gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_eager_on_the_gpu_matches_the_cpu(tiny, precision):
+    session = RUNTIMES["eager"].open(tiny, precision, "channels_last", Target("cuda"), batch=2)
+    inputs = random_inputs(4, (3, 32, 32))
+    want = torch_logits(tiny.source.model, inputs)
+    assert np.abs(session.predict(inputs) - want).max() <= (1e-3 if precision == "fp32" else 2e-2) * np.abs(want).max()
+    assert "cuda" in session.provider
+
+
+@gpu
+def test_onnxruntime_gpu_provider_really_runs_on_the_gpu(tiny):
+    try:
+        provider = choose_ort_provider(Target("cuda"))  # CUDA on NVIDIA builds, MIGraphX on ROCm builds
+    except UserError as exc:
+        pytest.skip(str(exc))
+    session = RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cuda"), batch=2)
+    assert session.provider == provider.ep
+    inputs = random_inputs(4, (3, 32, 32))
+    want = torch_logits(tiny.source.model, inputs)
+    assert np.abs(session.predict(inputs) - want).max() <= 1e-3 * np.abs(want).max()
