@@ -571,14 +571,22 @@ def _finish(run: RunDir, s: Session, status: str, best: BestTracker, best_summar
     return summary
 
 
+def _spread_samples(dataset: Any, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` (image, label) pairs evenly spaced through a split: splits are often sorted by class."""
+    picks = torch.linspace(0, len(dataset) - 1, min(count, len(dataset))).long().unique().tolist()
+    if hasattr(dataset, "inputs"):  # an in-memory ArraySplit
+        return dataset.inputs[picks], dataset.targets[picks]
+    items = [dataset[i] for i in picks]
+    items = [(torch.as_tensor(x), y) for x, y in items if x is not None]
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+
 @torch.inference_mode()
 def _plot_predictions(run: RunDir, s: Session) -> None:
     """plots/predictions.png: validation images with predicted label, confidence and truth, plus bars."""
     from inceptionlab.plots import plot_predictions
 
-    s.val_loader.set_epoch(0)
-    images, targets = next(iter(s.val_loader))
-    images, targets = images[:15], targets[:15]
+    images, targets = _spread_samples(s.splits.val, 15)
     s.model.eval()
     with s.settings.autocast():
         logits = s.model(s.settings.prepare(images.to(s.device)))
