@@ -19,6 +19,8 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from inceptionlab.plots import save_figure  # noqa: E402
+
 
 def read_rows(results: Path) -> list[dict[str, Any]]:
     rows = []
@@ -62,12 +64,7 @@ def _bars(rows: list[dict[str, Any]], value: str, whisker: str | None, ylabel: s
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_bench(results: Path, out_dir: Path) -> list[Path]:

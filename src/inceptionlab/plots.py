@@ -31,7 +31,8 @@ def _read_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save_figure(fig: plt.Figure, path: Path) -> Path:
+    """Write a figure atomically (temp name + rename) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
     fig.savefig(tmp, dpi=120, bbox_inches="tight")
@@ -53,7 +54,7 @@ def plot_curves(run_dir: Path, rows: list[dict], keys: list[tuple[str, str]], yl
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(f"{run_dir.parent.name}/{run_dir.name}", fontsize=9)
-    return _save(fig, run_dir / "plots" / name)
+    return save_figure(fig, run_dir / "plots" / name)
 
 
 def plot_confusion(csv_path: Path, out: Path) -> Path | None:
@@ -80,7 +81,7 @@ def plot_confusion(csv_path: Path, out: Path) -> Path | None:
                                 color="white" if normalised[i, j] > 0.5 else "black")
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
 def plot_run(run_dir: Path) -> list[Path]:
@@ -113,7 +114,7 @@ def plot_samples(images, labels: list[str], path: Path) -> Path:
     for ax, image, label in zip(axes.flat, images, labels):
         ax.imshow(_as_display(image), cmap="gray" if image.shape[0] == 1 else None)
         ax.set_title(label, fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_predictions(images, probs, targets, labels: list[str], path: Path) -> Path:
@@ -141,4 +142,4 @@ def plot_predictions(images, probs, targets, labels: list[str], path: Path) -> P
         bar_ax.set_xticks([])
         bar_ax.set_yticks([])
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
