@@ -274,11 +274,6 @@ def recipe_to_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe_to_dict(recipe), sort_keys=False)
 
 
-def recipe_from_dict(data: dict[str, Any]) -> Recipe:
-    """Rebuild a recipe saved in a run directory or a checkpoint."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), data))
-
-
 def list_recipes() -> list[tuple[str, str]]:
     """(name, description) for every recipe file shipped in recipes/."""
     rows = []

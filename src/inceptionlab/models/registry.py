@@ -40,7 +40,6 @@ _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
 }
 # Modules holding auxiliary classifiers, removed when the aux loss is off (as the guide does).
 _AUX_HEAD_ATTRS = ("AuxLogits", "aux1", "aux2")
-PRETRAINED_WEIGHTS = ("imagenet", "imagenet_if_cached")
 
 
 def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
