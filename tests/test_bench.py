@@ -9,7 +9,7 @@ import torch
 from conftest import FAST, make_image_folder
 
 from inceptionlab.config import load_recipe
-from inceptionlab.engine.trainer import fit
+from inceptionlab.engine.fit import fit
 
 pytest.importorskip("onnxruntime")
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,16 +18,15 @@ import torch
 from conftest import shared_data
 from PIL import Image
 
+from inceptionlab.cli import main
 from inceptionlab.config import load_recipe
-from inceptionlab.engine.trainer import fit
+from inceptionlab.engine.fit import fit
 
 
 def run_summary(cli, *args):
     result = cli("train", *args, "--no-progress", "--json")
     assert result.code == 0, result.err
     summary = json.loads(result.out.strip().splitlines()[-1])
-    from pathlib import Path
-
     return summary, Path(summary["run_dir"])
 
 
@@ -118,9 +121,15 @@ def test_resident_and_worker_loaders_train_identically(tmp_path):
 
 @pytest.fixture(scope="module")
 def imdb_run(tmp_path_factory):
+    """An IMDB run made by the `train` command, which also writes the text export after training."""
     data = shared_data("imdb") / "aclImdb_subset"
-    recipe = load_recipe("imdb/text_classifier", [f"data.root={data}", "train.epochs=3"])
-    return fit(recipe, tmp_path_factory.mktemp("imdb"), progress=False)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
+        main(["train", "imdb/text_classifier", "--data", str(data), "--set", "train.epochs=3",
+              "--out", str(tmp_path_factory.mktemp("imdb")), "--no-progress", "--json"])
+    assert exit_info.value.code in (0, None)
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
+    return SimpleNamespace(run_dir=Path(summary["run_dir"]), summary=summary)
 
 
 def test_imdb_run_has_vocabulary_test_score_and_curves(imdb_run):

@@ -11,8 +11,8 @@ from conftest import FAST, make_image_folder
 
 from inceptionlab.checkpoint import load_checkpoint
 from inceptionlab.config import load_recipe
-from inceptionlab.engine import trainer
-from inceptionlab.engine.trainer import StopSignal, fit
+from inceptionlab.engine import session as engine_session
+from inceptionlab.engine.fit import StopSignal, fit
 from inceptionlab.errors import UserError
 
 RECIPE = "inception_v3/imagefolder"
@@ -59,7 +59,7 @@ def test_val_loss_is_sample_weighted(tmp_path):
     (data / "val" / "fox" / "fox_1.png").unlink()  # 5 val images -> batches of 2, 2, 1
     recipe = recipe_for(data, "train.epochs=1", "train.eval_batch_size=2", "model.name=resnet18")
     outcome = fit(recipe, tmp_path / "runs", progress=False)
-    from inceptionlab.infer.predict import load_run_model
+    from inceptionlab.models.registry import load_run_model
 
     model, spec = load_run_model(outcome.run_dir)
     from inceptionlab.data.readers import read_eval_split
@@ -122,7 +122,7 @@ def test_resume_at_epoch_boundary_via_cli(image_folder, tmp_path, cli):
 
 
 def test_nan_loss_stops_with_a_clear_message_and_keeps_last_good_checkpoint(image_folder, tmp_path, monkeypatch):
-    real_make_task = trainer.make_task
+    real_make_task = engine_session.make_task
 
     def poisoned(*args, **kwargs):
         task = real_make_task(*args, **kwargs)
@@ -137,7 +137,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_last_good_checkpoint(imag
         task.loss = loss
         return task
 
-    monkeypatch.setattr(trainer, "make_task", poisoned)
+    monkeypatch.setattr(engine_session, "make_task", poisoned)
     with pytest.raises(UserError) as err:
         fit(recipe_for(image_folder), tmp_path / "runs", progress=False)
     assert "diverged" in str(err.value) and "nan" in str(err.value) and err.value.exit_code == 3

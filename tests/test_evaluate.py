@@ -12,7 +12,7 @@ from conftest import FAST, shared_data
 
 from inceptionlab.config import load_recipe
 from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
-from inceptionlab.engine.trainer import fit
+from inceptionlab.engine.fit import fit
 from inceptionlab.models.registry import cached_weights_file
 
 

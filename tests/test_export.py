@@ -12,7 +12,7 @@ import torchvision
 from conftest import FAST, make_image_folder
 
 from inceptionlab.config import load_recipe
-from inceptionlab.engine.trainer import fit
+from inceptionlab.engine.fit import fit
 from inceptionlab.errors import UserError
 from inceptionlab.models.spec import ModelSpec
 

@@ -12,7 +12,7 @@ from conftest import FAST, shared_data
 from PIL import Image
 
 from inceptionlab.config import load_recipe
-from inceptionlab.engine.trainer import fit
+from inceptionlab.engine.fit import fit
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,7 @@ def test_describe_runtimes_lists_every_backend_and_the_cpu_provider():
 def trained(tmp_path_factory):
     """resnet18 trained on coloured squares (a model with real margins) + 260 more such images."""
     from inceptionlab.config import load_recipe
-    from inceptionlab.engine.trainer import fit
+    from inceptionlab.engine.fit import fit
 
     root = tmp_path_factory.mktemp("int8")
     data = make_image_folder(root / "data")

@@ -13,9 +13,7 @@ metric, class names, the resolved recipe and the model spec. They load with `wei
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,35 +23,9 @@ import numpy as np
 import torch
 
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import append_jsonl, read_jsonl, write_jsonl
 
 CHECKPOINT_VERSION = 1
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda handle: handle.write(text.encode()))
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str) + "\n")
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    _atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 def rng_state() -> dict[str, Any]:
@@ -76,6 +48,44 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class ResumePoint:
+    """Where a checkpoint leaves training: epochs fully done, steps done in the next, best so far."""
+
+    epoch: int
+    step_in_epoch: int
+    best: dict[str, Any]
+    best_summary: dict[str, Any] | None
+
+
+def training_checkpoint(parts: dict[str, Any], point: ResumePoint, *, class_names: list[str],
+                        recipe: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint schema. `parts` maps model/optimizer/scheduler/scaler to objects with state_dict()."""
+    return {
+        "version": CHECKPOINT_VERSION,
+        **{name: part.state_dict() for name, part in parts.items()},
+        "epoch": point.epoch,  # epochs fully done
+        "step_in_epoch": point.step_in_epoch,  # steps done in epoch `epoch` (0 at an epoch boundary)
+        "rng": rng_state(),
+        "best": point.best,
+        "best_summary": json.dumps(point.best_summary) if point.best_summary else None,
+        "class_names": class_names,
+        "recipe": json.dumps(recipe),
+        "spec": json.dumps(spec),
+    }
+
+
+def restore_training(ckpt: dict[str, Any], parts: dict[str, Any], class_names: list[str]) -> ResumePoint:
+    """Load every part's state and the RNG states back; the inverse of `training_checkpoint`."""
+    if ckpt["class_names"] != class_names:
+        raise UserError("the checkpoint's classes differ from the dataset's: resume with the same --data")
+    for name, part in parts.items():
+        part.load_state_dict(ckpt[name])
+    restore_rng_state(ckpt["rng"])
+    best_summary = json.loads(ckpt["best_summary"]) if ckpt.get("best_summary") else None
+    return ResumePoint(int(ckpt["epoch"]), int(ckpt["step_in_epoch"]), ckpt["best"], best_summary)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -158,27 +168,14 @@ class RunDir:
         return self.path / "tb"
 
     def append_metrics(self, row: dict[str, Any]) -> None:
-        # One short line per epoch, appended and flushed: a crash loses at most the line being written.
-        with open(self.metrics_file, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_jsonl(self.metrics_file, [row])
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_file.exists():
-            return []
-        rows = []
-        for line in self.metrics_file.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut by a crash
-        return rows
+        return read_jsonl(self.metrics_file)
 
     def truncate_metrics(self, epochs_done: int) -> None:
         """Drop rows of epochs after the checkpoint we resume from (they will be redone)."""
-        rows = [r for r in self.read_metrics() if r.get("epoch", 0) <= epochs_done]
-        atomic_write_text(self.metrics_file, "".join(json.dumps(r) + "\n" for r in rows))
+        write_jsonl(self.metrics_file, [r for r in self.read_metrics() if r.get("epoch", 0) <= epochs_done])
 
     def weights_for_inference(self) -> Path:
         """model.pt when training finished, else the best checkpoint so far."""

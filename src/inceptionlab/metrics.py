@@ -11,10 +11,15 @@ Fashion-MNIST training budget.
 
 from __future__ import annotations
 
+import csv
+import io
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from inceptionlab.fileio import atomic_write_text
 
 
 class ClassificationMeter:
@@ -73,3 +78,13 @@ def per_class_accuracy(confusion: torch.Tensor) -> list[float | None]:
     totals = confusion.sum(dim=1)
     correct = confusion.diag()
     return [None if int(t) == 0 else float(c) / float(t) for c, t in zip(correct, totals)]
+
+
+def write_confusion(path: Path, labels: list[str], confusion: torch.Tensor) -> None:
+    """confusion.csv: rows are true classes, columns predicted classes (counts)."""
+    buffer = io.StringIO()
+    out = csv.writer(buffer)
+    out.writerow(["true\\predicted", *labels])
+    for label, row in zip(labels, confusion.tolist()):
+        out.writerow([label, *row])
+    atomic_write_text(path, buffer.getvalue())

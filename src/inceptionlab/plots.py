@@ -8,7 +8,6 @@ plots/confusion.png  the last evaluation's confusion matrix (row-normalised)
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 
 import matplotlib
@@ -17,27 +16,20 @@ matplotlib.use("Agg")  # files only: no display needed, safe in workers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from inceptionlab.fileio import atomic_write, read_jsonl  # noqa: E402
+
 
 def _read_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    return read_jsonl(run_dir / "metrics.jsonl")
 
 
 def save_figure(fig: plt.Figure, path: Path) -> Path:
     """Write a figure atomically (temp name + rename) and close it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        atomic_write(path, lambda handle: fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=120,
+                                                      bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return path
 
 

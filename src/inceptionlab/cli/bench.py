@@ -64,12 +64,14 @@ def bench(
     if list_runtimes:
         _print_runtimes(describe_runtimes(), as_json)
         return
-    from inceptionlab.infer.bench import BenchSettings, append_results, environment, parse_batches, parse_list, plan
-    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, resolve_device
+    from inceptionlab.fileio import append_jsonl
+    from inceptionlab.infer.bench import BenchSettings, parse_batches, parse_list, plan
+    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target
+    from inceptionlab.runtime import environment, resolve_device
 
     configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), parse_list(precision, PRECISIONS, "--precision"),
                    parse_list(layout, TORCH_LAYOUTS, "--layout"))
-    target = Target(resolve_device(device), provider, tune)
+    target = Target(str(resolve_device(device)), provider, tune)
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
                              holdout, calibration, min_agreement, onnx)
     from inceptionlab.infer.bench import run_bench
@@ -87,7 +89,7 @@ def bench(
     command = _command(run, model, weights, backend, precision, layout, batch, iters, warmup, device, provider, tune)
     from inceptionlab.infer.bench import result_records
 
-    append_results(source.bench_results, list(result_records(report, source, settings, command, env)))
+    append_jsonl(source.bench_results, list(result_records(report, source, settings, command, env)))
     if not as_json:
         _print_table(report, source, env, settings)
     _log(f"results appended to {source.bench_results}")

@@ -25,8 +25,9 @@ def demo(
     Example: inceptionlab demo --set train.epochs=2
     """
     from inceptionlab.config import load_recipe
-    from inceptionlab.engine.trainer import fit
-    from inceptionlab.infer.predict import Predictor, load_run_model, resolve_device
+    from inceptionlab.engine.fit import fit
+    from inceptionlab.infer.predict import Predictor, load_run_model
+    from inceptionlab.runtime import resolve_device
 
     recipe = load_recipe("demo/digits", [f"data.root={data}", *overrides])
     print(f"demo: Inception v3 on scikit-learn digits ({recipe.train.epochs} epochs at "

@@ -34,7 +34,7 @@ def train(
     """
     from inceptionlab.config import load_recipe
     from inceptionlab.engine.distributed import shutdown_distributed
-    from inceptionlab.engine.trainer import fit
+    from inceptionlab.engine.fit import fit
 
     extra = list(overrides) + ([f"data.root={data}"] if data is not None else [])
     if resume is not None:
@@ -52,6 +52,8 @@ def train(
         outcome = fit(loaded, out, resume, progress=progress)
     finally:
         shutdown_distributed()
+    if outcome.summary and outcome.status != "interrupted":
+        _export_text_model(outcome.run_dir)
     if as_json and outcome.summary:  # rank 0 only under torchrun
         print(json.dumps(outcome.summary, default=str))
     elif outcome.summary:
@@ -64,6 +66,13 @@ def train(
         print(f"run directory: {outcome.run_dir}")
     if outcome.status == "interrupted":
         raise typer.Exit(130)
+
+
+def _export_text_model(run_dir: Path) -> None:
+    """A text run also gets exports/text/: a folder that classifies with torch + tokenizers alone."""
+    from inceptionlab.infer.text import export_text_run
+
+    export_text_run(run_dir)
 
 
 def recipes(

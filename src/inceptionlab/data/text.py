@@ -41,6 +41,7 @@ from tokenizers.models import WordLevel
 from tokenizers.trainers import WordLevelTrainer
 
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import atomic_write_text
 
 PAD_TOKEN, PAD_ID = "[PAD]", 0
 OOV_TOKEN, OOV_ID = "[UNK]", 1
@@ -168,14 +169,7 @@ class TextVectorizer:
     def save(self, path: str | os.PathLike) -> Path:
         """Write tokenizer.json (at `path`, or inside it when it is a folder) atomically."""
         path = tokenizer_path(Path(path))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            temporary.write_text(self.tokenizer.to_str(pretty=True), encoding="utf-8")
-            # A reader (or a killed run) sees either the old file or the new one, never half.
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        atomic_write_text(path, self.tokenizer.to_str(pretty=True))
         return path
 
     @classmethod

@@ -34,6 +34,7 @@ from inceptionlab.data.download import (
     show_progress,
 )
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import atomic_write_text
 
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
@@ -340,12 +341,7 @@ def write_marker(dataset: Path, report: PrepareReport) -> None:
     text = json.dumps({"format": MARKER_FORMAT, **report.counts()}, indent=2, sort_keys=True) + "\n"
     if marker.is_file() and marker.read_text(encoding="utf-8") == text:
         return
-    tmp = marker.with_name(marker.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, marker)
+    atomic_write_text(marker, text)
 
 
 def read_marker(root: str | os.PathLike) -> dict | None:

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import json
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +29,7 @@ import numpy as np
 import torch
 
 from inceptionlab.errors import UserError
+from inceptionlab.runtime import load_average
 from inceptionlab.infer.export import ModelSource, image_files, random_inputs, torch_logits
 from inceptionlab.infer.quantize import (
     CALIBRATION_IMAGES,
@@ -169,46 +167,6 @@ def gflop_per_image(model: torch.nn.Module, input_shape: tuple[int, int, int]) -
     return round(counter.get_total_flops() / 1e9, 3)
 
 
-# --------------------------------------------------------------------------------------- environment
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {"python": platform.python_version()}
-    for name in ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "openvino", "nncf"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
-
-
-def environment(device: str) -> dict[str, Any]:
-    from inceptionlab.doctor import cpu_capability, cpu_model_name
-
-    env = {
-        "versions": _versions(),
-        "device": device,
-        "device_name": torch.cuda.get_device_name(0) if device == "cuda" else cpu_model_name(),
-        "cpu": cpu_model_name(),
-        "cpu_capability": cpu_capability(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "host": platform.node(),
-    }
-    if device == "cuda":
-        env["gpu_build"] = "rocm" if torch.version.hip else "cuda"
-    return env
-
-
-def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
-
-
 # --------------------------------------------------------------------------------------- the run
 
 
@@ -342,16 +300,6 @@ def result_records(report: BenchReport, source: ModelSource, settings: BenchSett
                "source": source.label, "weights_sha256": source.weights_sha256,
                "input_shape": list(source.input_shape), "command": command, "argv": sys.argv,
                "settings": settings.to_dict(), "env": env}
-
-
-def append_results(path: Path, records: list[dict[str, Any]]) -> None:
-    """Append one JSON line per row and fsync: a crash loses at most the line being written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        for record in records:
-            handle.write(json.dumps(record, default=str) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 # --------------------------------------------------------------------------------------- table

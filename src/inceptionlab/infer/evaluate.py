@@ -16,16 +16,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from inceptionlab.checkpoint import atomic_write_json
+from inceptionlab.fileio import atomic_write_json
 from inceptionlab.config import load_recipe
 from inceptionlab.data.imagefolder import RobustImageFolder
 from inceptionlab.data.loaders import make_loader
 from inceptionlab.data.readers import read_eval_split
 from inceptionlab.data.transforms import spec_eval_transform
 from inceptionlab.engine.loop import StepSettings, evaluate
+from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
-from inceptionlab.infer.predict import load_pretrained_model, load_run_model
+from inceptionlab.metrics import write_confusion
+from inceptionlab.models.registry import load_pretrained_model, load_run_model
 from inceptionlab.models.spec import ModelSpec
 
 
@@ -89,8 +91,6 @@ def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.
     model = model.to(device).eval()
     loader = make_loader(dataset, batch_size=batch_size, train=False, seed=0, num_workers=num_workers,
                          pin_memory=device.type == "cuda", device=device)
-    from inceptionlab.engine.trainer import input_preparation
-
     settings = StepSettings(device, precision, input_preparation(spec, False, device))
     task = make_task(spec.task, spec.num_classes)
     result = evaluate(model, loader, task, settings)
@@ -128,18 +128,15 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
 
 def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
     """eval.json, confusion.csv and plots/confusion.png (present classes only) under out_dir."""
-    from inceptionlab.engine.trainer import write_confusion
     from inceptionlab.plots import plot_confusion
 
     present = evaluation.present
     confusion = evaluation.result["confusion"][present][:, present]
-    sub_spec = ModelSpec(evaluation.spec.arch, len(present), [evaluation.spec.class_names[i] for i in present],
-                         [evaluation.spec.labels[i] for i in present])
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "eval.json", "confusion_csv": out_dir / "confusion.csv",
              "confusion_png": out_dir / "plots" / "confusion.png"}
     atomic_write_json(paths["json"], {**evaluation.report(), "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    write_confusion(paths["confusion_csv"], sub_spec, confusion)
+    write_confusion(paths["confusion_csv"], [evaluation.spec.labels[i] for i in present], confusion)
     plot_confusion(paths["confusion_csv"], paths["confusion_png"])
     return paths
 

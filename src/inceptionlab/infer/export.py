@@ -33,10 +33,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from inceptionlab.checkpoint import RunDir, _atomic_write, atomic_write_json
+from inceptionlab.checkpoint import RunDir
+from inceptionlab.fileio import atomic_write_bytes, atomic_write_json
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError
+from inceptionlab.models.registry import build_model, load_run_model, pretrained_spec
 from inceptionlab.models.spec import ModelSpec
+from inceptionlab.runtime import package_versions
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "logits"
@@ -50,8 +53,9 @@ MIN_OPSET = 18
 PARITY_RTOL = 1e-3
 PARITY_IMAGES = 32  # Inception v3 at 299 px: ~5 s for both runtimes on 2 cores
 SAMPLE_IMAGES_ENV = "INCEPTIONLAB_SAMPLE_IMAGES"
-# The guide's five ImageNet pictures, beside the repository (override with INCEPTIONLAB_SAMPLE_IMAGES).
-DEFAULT_SAMPLE_IMAGES = Path("../shared/data/imagenet-sample/images")
+# The guide's five ImageNet pictures in shared/ beside the repository, found from this file rather
+# than the working directory (override with INCEPTIONLAB_SAMPLE_IMAGES).
+DEFAULT_SAMPLE_IMAGES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "imagenet-sample" / "images"
 RANDOM_SEED = 0
 ONNX_EXTRA = "pip install 'inceptionlab[onnx]'"
 
@@ -123,8 +127,6 @@ def load_source(run_dir: Path | None = None, model: str | None = None, weights: 
 
 
 def _run_source(run_dir: Path, weights: Path | None) -> ModelSource:
-    from inceptionlab.infer.predict import load_run_model
-
     kind = ModelSpec.load(RunDir.open(run_dir).spec_file).input_kind
     if kind != "image":
         raise UserError(f"{run_dir}: a {kind} model; export and bench take image classifiers "
@@ -136,8 +138,6 @@ def _run_source(run_dir: Path, weights: Path | None) -> ModelSource:
 
 
 def _model_source(name: str, weights: str, out: Path) -> ModelSource:
-    from inceptionlab.models.registry import build_model, pretrained_spec
-
     spec = pretrained_spec(name)
     if weights == "random":
         # Latency does not depend on the values; seed 0 makes the same "random" model every time.
@@ -416,7 +416,7 @@ def export_onnx(source: ModelSource, opset: int = DEFAULT_OPSET, dynamic_batch: 
     if not parity.ok:
         raise UserError(f"export parity failed, nothing written: {parity.describe()}")
     path = Path(path) if path else source.onnx_file
-    _atomic_write(path, lambda handle: handle.write(data))
+    atomic_write_bytes(path, data)
     metadata = sidecar_metadata(source, path, data, opset, dynamic_batch, parity)
     sidecar = sidecar_path(path)
     atomic_write_json(sidecar, metadata)
@@ -433,18 +433,6 @@ def check_parity(source: ModelSource, model: bytes | Path, images: list[Path] | 
 
 def sidecar_path(onnx_path: Path) -> Path:
     return Path(onnx_path).with_name(Path(onnx_path).name + ".json")
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name in ("torch", "onnx", "onnxscript", "onnxruntime"):
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
 
 
 def sidecar_metadata(source: ModelSource, path: Path, data: bytes, opset: int, dynamic_batch: bool,
@@ -468,7 +456,7 @@ def sidecar_metadata(source: ModelSource, path: Path, data: bytes, opset: int, d
         "spec": spec.to_dict(),
         "source": {"label": source.label, "weights": source.weights, "weights_sha256": source.weights_sha256},
         "parity": parity.to_dict(),
-        "versions": _versions(),
+        "versions": package_versions(),
         "exported": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
@@ -543,14 +531,6 @@ def ensure_export(source: ModelSource, images: list[Path] | None = None, log: An
     if log:
         log(result.parity.describe())
     return result.path
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def quiet_stdout() -> contextlib.AbstractContextManager[Any]:

@@ -14,48 +14,11 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.images import ImageReadError, expand_image_paths, load_rgb
 from inceptionlab.data.transforms import Normalize, spec_eval_transform, spec_normalize
 from inceptionlab.engine.task import main_logits, make_task
 from inceptionlab.errors import UserError
-from inceptionlab.models.registry import build_model, pretrained_spec, rebuild_model
 from inceptionlab.models.spec import ModelSpec
-
-
-def resolve_device(name: str) -> torch.device:
-    from inceptionlab.engine.trainer import resolve_device as resolve
-
-    return resolve(name)
-
-
-def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise UserError(f"{path}: unreadable weights ({type(exc).__name__}); the file may be truncated") from None
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]  # a training checkpoint
-    return state
-
-
-def load_run_model(run_dir: Path, weights: Path | None = None) -> tuple[nn.Module, ModelSpec]:
-    """The trained model of a run directory (model.pt, else best.pt), in eval mode, on the CPU."""
-    run = RunDir.open(run_dir)
-    spec = ModelSpec.load(run.spec_file)
-    model = rebuild_model(spec)
-    path = weights or run.weights_for_inference()
-    try:
-        model.load_state_dict(load_state_dict(path))
-    except RuntimeError as exc:
-        raise UserError(f"{path}: weights do not match {run.spec_file} ({str(exc).splitlines()[0]})") from None
-    return model.eval(), spec
-
-
-def load_pretrained_model(name: str, weights: str = "imagenet") -> tuple[nn.Module, ModelSpec]:
-    spec = pretrained_spec(name)
-    built = build_model(name, spec.num_classes, weights)
-    return built.model.eval(), spec
 
 
 @dataclass

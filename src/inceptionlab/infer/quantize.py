@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.export import INPUT_NAME, file_sha256, load_images, normalize, quiet_stdout, shuffled
+from inceptionlab.fileio import atomic_write_bytes, sha256_file
+from inceptionlab.runtime import package_versions
+from inceptionlab.infer.export import INPUT_NAME, load_images, normalize, quiet_stdout, shuffled
 from inceptionlab.models.spec import ModelSpec
 
 MIN_AGREEMENT = 0.99  # top-1 agreement with fp32 on the held-out set
@@ -117,12 +119,7 @@ def _cache_key(*parts: Any) -> str:
 
 
 def _version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
+    return package_versions().get(name, "absent")
 
 
 def _publish_dir(tmp: Path, target: Path) -> Path:
@@ -183,7 +180,7 @@ def onnxruntime_int8(onnx_path: Path, sets: ImageSets, cache: Path, batch: int |
         raise UserError("no real images to calibrate int8 on: pass --calib-images DIR")
     settings = {"format": "QDQ", "per_channel": True, "activations": "u8", "weights": "s8",
                 "method": "minmax-moving-average", "fp32": "first conv + classifier"}
-    key = _cache_key(file_sha256(onnx_path), sets.fingerprint(), settings, _version("onnxruntime"))
+    key = _cache_key(sha256_file(onnx_path), sets.fingerprint(), settings, _version("onnxruntime"))
     target = Path(cache) / f"ort-int8-{key}.onnx"
     if target.is_file():
         return target
@@ -213,14 +210,11 @@ def onnxruntime_fp16(onnx_path: Path, cache: Path) -> Path:
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    key = _cache_key(file_sha256(onnx_path), "fp16", _version("onnxruntime"))
+    key = _cache_key(sha256_file(onnx_path), "fp16", _version("onnxruntime"))
     target = Path(cache) / f"ort-fp16-{key}.onnx"
     if not target.is_file():
-        from inceptionlab.checkpoint import _atomic_write
-
         model = convert_float_to_float16(onnx.load(str(onnx_path)), keep_io_types=True)
-        data = model.SerializeToString()
-        _atomic_write(target, lambda handle: handle.write(data))
+        atomic_write_bytes(target, model.SerializeToString())
     return target
 
 
@@ -236,7 +230,7 @@ def openvino_int8(onnx_path: Path, sets: ImageSets, cache: Path) -> Path:
         raise UserError("openvino/nncf are not installed: pip install 'inceptionlab[openvino]'") from None
     if len(sets.calibration) == 0:
         raise UserError("no real images to calibrate int8 on: pass --calib-images DIR")
-    key = _cache_key(file_sha256(onnx_path), sets.fingerprint(), "nncf-mixed", _version("nncf"), _version("openvino"))
+    key = _cache_key(sha256_file(onnx_path), sets.fingerprint(), "nncf-mixed", _version("nncf"), _version("openvino"))
     target = Path(cache) / f"openvino-int8-{key}"
     if (target / "model.xml").is_file():
         return target / "model.xml"

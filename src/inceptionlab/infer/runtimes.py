@@ -35,10 +35,11 @@ from inceptionlab.infer.export import (
     OUTPUT_NAME,
     ModelSource,
     ensure_export,
-    file_sha256,
     import_onnxruntime,
 )
+from inceptionlab.fileio import sha256_file
 from inceptionlab.infer.quantize import ImageSets
+from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability, cpu_model_name
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 REDUCED_PRECISIONS = ("bf16", "fp16", "int8")
@@ -52,19 +53,13 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    device: str = "cpu"  # "cpu" or "cuda" (PyTorch calls a ROCm GPU "cuda" too)
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N" from runtime.resolve_device (a ROCm GPU is "cuda" too)
     provider: str = "auto"  # ONNX Runtime execution provider: auto, cpu, cuda, tensorrt, migraphx
     tune: bool = False  # max-autotune / exhaustive kernel search: slower first call, faster after
 
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name not in ("cpu", "cuda"):
-        raise UserError(f"--device {name!r}: use auto, cpu or cuda (cuda also means a ROCm GPU)")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no GPU is visible to PyTorch; run `inceptionlab doctor` or use --device cpu")
-    return name
+    @property
+    def device_type(self) -> str:
+        return torch.device(self.device).type
 
 
 @dataclass
@@ -184,7 +179,6 @@ class Runtime(ABC):
 
 # --------------------------------------------------------------------------------------- PyTorch
 
-_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class TorchSession(Session):
@@ -194,12 +188,14 @@ class TorchSession(Session):
         self.memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         # A private copy: layouts and compiled graphs of one configuration never leak into the next.
         model = copy.deepcopy(model).to(self.device, memory_format=self.memory_format).eval()
-        self.dtype = _AUTOCAST[precision]
+        self.dtype = AUTOCAST_DTYPES[precision]
         self.fn: Callable[[torch.Tensor], torch.Tensor] = model
         # Inductor's freezing folds weights into the graph (oneDNN prepacks them once): inference only.
         self.grad_mode: Callable[[], Any] = torch.no_grad if compiled else torch.inference_mode
+        # Inductor's freezing (constant-folds weights into the graph) applies to this session's calls only:
+        # patched around each call rather than set globally, so training in the same process is unaffected.
+        self.compiled = compiled
         if compiled:
-            torch._inductor.config.freezing = True
             self.fn = torch.compile(model, mode=compile_mode, dynamic=False)
         kind = f"torch.compile ({compile_mode or 'default'}, inductor)" if compiled else "torch eager"
         self.provider = f"{kind} {self.device.type} " + (f"autocast {precision}" if self.dtype else "fp32")
@@ -209,11 +205,15 @@ class TorchSession(Session):
 
     def run(self, placed: torch.Tensor) -> torch.Tensor:
         autocast = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
-        with self.grad_mode(), autocast:
+        with self.grad_mode(), autocast, self._inductor_config():
             output = self.fn(placed)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return output
+
+    def _inductor_config(self) -> Any:
+        # A fresh patch per call: microseconds, and safe when sessions run in several threads.
+        return torch._inductor.config.patch(freezing=True) if self.compiled else nullcontext()
 
     def to_numpy(self, output: torch.Tensor) -> np.ndarray:
         return output.float().cpu().numpy()
@@ -237,7 +237,7 @@ class EagerRuntime(Runtime):
     @classmethod
     def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
         cls.check_precision(precision)
-        _torch_precision_check(precision, target.device)
+        _torch_precision_check(precision, target.device_type)
         return TorchSession(artifacts.source.model, precision, layout, target.device, batch)
 
 
@@ -254,7 +254,7 @@ class CompileRuntime(Runtime):
     @classmethod
     def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
         cls.check_precision(precision)
-        _torch_precision_check(precision, target.device)
+        _torch_precision_check(precision, target.device_type)
         # Inductor's on-disk caches (FX graphs, kernels) under the model's cache: a second run reuses them.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(artifacts.cache / "inductor"))
         mode = "max-autotune" if target.tune else None
@@ -340,7 +340,7 @@ def choose_ort_provider(target: Target) -> OrtProvider:
     """The provider asked for, or the natural one for the device; missing: an error naming the fix."""
     installed = ort_installed_providers()
     if target.provider == "auto":
-        candidates = ["cpu"] if target.device == "cpu" else (["migraphx"] if torch.version.hip else ["cuda", "tensorrt"])
+        candidates = ["cpu"] if target.device_type == "cpu" else (["migraphx"] if torch.version.hip else ["cuda", "tensorrt"])
     elif target.provider in ORT_PROVIDERS:
         candidates = [target.provider]
     elif target.provider == "rocm":
@@ -350,7 +350,7 @@ def choose_ort_provider(target: Target) -> OrtProvider:
     for name in candidates:
         if ORT_PROVIDERS[name].ep in installed:
             provider = ORT_PROVIDERS[name]
-            if provider.device != target.device:
+            if provider.device != target.device_type:
                 raise UserError(f"--provider {name} runs on {provider.device}, not --device {target.device}")
             return provider
     wanted = ORT_PROVIDERS[candidates[0]]
@@ -365,13 +365,11 @@ def _sha_of(path: Path) -> str:
     stat = path.stat()
     key = (str(path), stat.st_mtime, stat.st_size)
     if key not in _SHA_CACHE:
-        _SHA_CACHE[key] = file_sha256(path)
+        _SHA_CACHE[key] = sha256_file(path)
     return _SHA_CACHE[key]
 
 
 def _machine() -> str:
-    from inceptionlab.doctor import cpu_capability, cpu_model_name
-
     return f"{cpu_model_name()}|{cpu_capability()}|{platform.machine()}"
 
 
@@ -536,7 +534,7 @@ class OpenVinoRuntime(Runtime):
     def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
         cls.require()
         cls.check_precision(precision)
-        if target.device != "cpu":
+        if target.device_type != "cpu":
             raise Unsupported("OpenVINO runs on the CPU here (--device cpu); use onnxruntime or eager on the GPU")
         model = artifacts.openvino_int8() if precision == "int8" else artifacts.onnx()
         return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.input_shape)

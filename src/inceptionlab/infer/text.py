@@ -14,10 +14,12 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from inceptionlab.checkpoint import RunDir, atomic_write_json, atomic_write_text
+from inceptionlab.checkpoint import RunDir
+from inceptionlab.fileio import atomic_write_json, atomic_write_text
 from inceptionlab.data.text import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
+from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
 
 CLASSIFY_SCRIPT = '''"""Classify texts with an exported inceptionlab text model: python classify.py "great film" ...
@@ -63,8 +65,6 @@ class TextPredictor:
 
     @classmethod
     def from_run(cls, run_dir: Path, device: torch.device) -> "TextPredictor":
-        from inceptionlab.infer.predict import load_run_model
-
         model, spec = load_run_model(run_dir)
         if spec.input_kind != "tokens" or not spec.tokenizer:
             raise UserError(f"{run_dir}: this run classifies images, not text; pass image files instead of --text")
@@ -97,6 +97,14 @@ def export_text_model(run_dir: Path, model: nn.Module, spec: ModelSpec) -> Path:
                                           "output": "one logit per text; sigmoid gives P(class 1)"})
     atomic_write_text(out / "classify.py", CLASSIFY_SCRIPT)
     return out
+
+
+def export_text_run(run_dir: Path) -> Path | None:
+    """export_text_model for a finished run's model.pt; None for an image run (nothing to do)."""
+    model, spec = load_run_model(run_dir)
+    if spec.input_kind != "tokens":
+        return None
+    return export_text_model(run_dir, model, spec)
 
 
 def read_text_inputs(texts: list[str], files: list[Path]) -> list[str]:

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from inceptionlab.errors import UserError
+from inceptionlab.checkpoint import RunDir
+from inceptionlab.models.small import SMALL_MODELS
 from inceptionlab.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -28,8 +30,8 @@ def _tv_models() -> Any:
 
     return torchvision.models
 
-# Our own models (the guide's small case-study networks register here).
-_OWN_MODELS: dict[str, Callable[..., nn.Module]] = {}
+# Our own models: the guide's small case-study networks.
+_OWN_MODELS: dict[str, Callable[..., nn.Module]] = dict(SMALL_MODELS)
 
 # Builder arguments torchvision's builders set by themselves when given pretrained weights: the
 # Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
@@ -42,20 +44,7 @@ _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
 _AUX_HEAD_ATTRS = ("AuxLogits", "aux1", "aux2")
 
 
-def register_model(name: str) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
-    def add(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        _OWN_MODELS[name] = builder
-        return builder
-
-    return add
-
-
-def _load_own_models() -> None:
-    import inceptionlab.models.small  # noqa: F401  (registers on import)
-
-
 def available_models() -> list[str]:
-    _load_own_models()
     models = _tv_models()
     return sorted(set(models.list_models(module=models)) | set(_OWN_MODELS))
 
@@ -96,7 +85,8 @@ def _load_imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _load_state_dict_file(path: Path) -> dict[str, torch.Tensor]:
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """A state_dict from a weights file or a training checkpoint (its model part); the one loader."""
     if not path.is_file():
         raise UserError(f"{path}: weights file not found (give a state_dict .pt/.pth file)")
     try:
@@ -198,7 +188,7 @@ def build_model(
         model = _tv_models().get_model(name, weights=None, num_classes=num_classes, **kwargs)
         return BuiltModel(model, {**kwargs, **_arch_kwargs(model)}, None, None)
 
-    state = _load_imagenet_state_dict(name) if weights == "imagenet" else _load_state_dict_file(Path(weights))
+    state = _load_imagenet_state_dict(name) if weights == "imagenet" else load_state_dict(Path(weights))
     meta = default_weights(name).meta
     source_classes = list(meta["categories"])
     pretrained_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **kwargs}
@@ -243,3 +233,23 @@ def pretrained_spec(name: str) -> ModelSpec:
         if name in _PRETRAINED_ARCH_KWARGS
         else {},
     )
+
+
+def load_run_model(run_dir: Path, weights: Path | None = None) -> tuple[nn.Module, ModelSpec]:
+    """The trained model of a run directory (model.pt, else best.pt), in eval mode, on the CPU."""
+    run = RunDir.open(run_dir)
+    spec = ModelSpec.load(run.spec_file)
+    model = rebuild_model(spec)
+    path = weights or run.weights_for_inference()
+    try:
+        model.load_state_dict(load_state_dict(Path(path)))
+    except RuntimeError as exc:
+        raise UserError(f"{path}: weights do not match {run.spec_file} ({str(exc).splitlines()[0]})") from None
+    return model.eval(), spec
+
+
+def load_pretrained_model(name: str, weights: str = "imagenet") -> tuple[nn.Module, ModelSpec]:
+    """A pretrained classifier with its own spec (ImageNet classes, the weights' preprocessing), in eval mode."""
+    spec = pretrained_spec(name)
+    built = build_model(name, spec.num_classes, weights)
+    return built.model.eval(), spec

@@ -5,10 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inceptionlab.models.registry import register_model
 
 
-@register_model("cifar10_cnn")
 def cifar10_cnn(num_classes: int = 10) -> nn.Module:
     """The guide's CIFAR-10 network as described (its listing has typos): 32x32 RGB input.
 
@@ -24,7 +22,6 @@ def cifar10_cnn(num_classes: int = 10) -> nn.Module:
     )
 
 
-@register_model("fashion_mlp")
 def fashion_mlp(num_classes: int = 10, in_features: int = 28 * 28, hidden: int = 128) -> nn.Module:
     """The guide's Keras model: Flatten -> Dense 128 ReLU -> Dense 10 (logits)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
@@ -68,6 +65,9 @@ class TextClassifier(nn.Module):
         return self.fc(self.dropout(pooled))
 
 
-@register_model("text_classifier")
 def text_classifier(num_classes: int = 2, vocab_size: int = 10_001, embedding_dim: int = 16, dropout: float = 0.2) -> nn.Module:
     return TextClassifier(num_classes, vocab_size, embedding_dim, dropout)
+
+
+# The guide's small case-study networks, by registry name (models.registry serves them beside torchvision's).
+SMALL_MODELS = {"cifar10_cnn": cifar10_cnn, "fashion_mlp": fashion_mlp, "text_classifier": text_classifier}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import atomic_write_text
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -51,8 +52,6 @@ class ModelSpec:
         return cls(**data)
 
     def save(self, path: Path) -> None:
-        from inceptionlab.checkpoint import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod

@@ -1,0 +1,247 @@
+"""`fit`: a recipe in, a run directory out. One helper per epoch phase; the per-step work is in `loop.py`.
+
+Between epochs: evaluation, metrics rows, checkpoints (every epoch, atomic), best-model tracking,
+early stopping, resume, Ctrl-C and NaN handling. Files are written by `artifacts` (rank 0 only).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training
+from inceptionlab.config import Recipe
+from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
+from inceptionlab.engine.distributed import any_rank
+from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
+from inceptionlab.engine.report import Reporter, chain, epoch_line
+from inceptionlab.engine.session import Session, build_session
+from inceptionlab.errors import UserError
+
+# The keys of an epoch's metrics row: what train.best_metric may name (config checks it at load time).
+EPOCH_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")
+
+
+class StopSignal:
+    """Set by Ctrl-C (or a test); the loop finishes its step, a checkpoint is saved, the run exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def request(self) -> None:
+        self.requested = True
+
+
+@contextmanager
+def ctrl_c_requests_stop(stop: StopSignal, say: Callable[[str], None]) -> Iterator[None]:
+    """First Ctrl-C: stop cleanly after the current step. Second: abort at once."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.request()
+        say("stopping after this step and saving a checkpoint (Ctrl-C again to abort)")
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@dataclass
+class Outcome:
+    run_dir: Path
+    status: str  # completed | early_stopped | interrupted
+    summary: dict[str, Any]
+
+
+@dataclass
+class BestTracker:
+    metric: str
+    value: float | None = None
+    epoch: int | None = None
+    stale_epochs: int = 0
+    min_delta: float = 0.0
+    summary: dict[str, Any] | None = None  # the evaluation of the best epoch
+
+    @property
+    def minimise(self) -> bool:
+        return self.metric.endswith("loss")
+
+    def update(self, value: float, epoch: int, summary: dict[str, Any]) -> bool:
+        """Record the epoch's value; True when it is the best so far."""
+        better = self.value is None or (
+            value < self.value - self.min_delta if self.minimise else value > self.value + self.min_delta
+        )
+        if better:
+            self.value, self.epoch, self.stale_epochs, self.summary = value, epoch, 0, summary
+        else:
+            self.stale_epochs += 1
+        return better
+
+    def state(self) -> dict[str, Any]:
+        return {"value": self.value, "epoch": self.epoch, "stale_epochs": self.stale_epochs}
+
+    def load(self, point: ResumePoint) -> None:
+        self.value, self.epoch, self.stale_epochs = point.best["value"], point.best["epoch"], point.best["stale_epochs"]
+        self.summary = point.best_summary
+
+    def point(self, epoch: int, step: int) -> ResumePoint:
+        return ResumePoint(epoch, step, self.state(), self.summary)
+
+
+@dataclass
+class _Run:
+    """One fit call's moving parts, so each phase helper takes one argument."""
+
+    s: Session
+    artifacts: RunArtifacts | NoArtifacts
+    report: Reporter
+    best: BestTracker
+    stop: StopSignal
+    on_log: Callable[[int, float], None] | None
+    status: str = "completed"
+    last: dict[str, Any] | None = None  # the last epoch's evaluation summary
+    lr: float = 0.0  # the rate the current epoch trains with (read before the scheduler steps)
+
+
+def fit(recipe: Recipe, out: Path = Path("runs"), resume: Path | None = None, *, progress: bool | None = None,
+        stop: StopSignal | None = None, on_log: Callable[[int, float], None] | None = None) -> Outcome:
+    """Train `recipe`; returns where the run is and how it ended. Raises UserError on bad input."""
+    s = build_session(recipe)
+    r = _Run(s, open_artifacts(s, out, resume), Reporter(s.dist.is_main, progress),
+             BestTracker(recipe.train.best_metric, min_delta=recipe.train.early_stop_min_delta), stop or StopSignal(), on_log)
+    start = _start(r, resume)
+    wall_start = time.perf_counter()
+    with ctrl_c_requests_stop(r.stop, r.report.say):
+        for epoch in range(start.epoch, recipe.train.epochs):
+            first_step = start.step_in_epoch if epoch == start.epoch else 0
+            result, steps_in_epoch = _train_epoch(r, epoch, first_step)
+            if _stopped_mid_epoch(r, epoch, first_step + result.steps, steps_in_epoch, result):
+                break
+            s.scheduler.step()
+            _validate(r, epoch + 1, result)
+            if _should_end(r, epoch + 1, result):
+                break
+    return Outcome(r.artifacts.run.path, r.status, _finish(r, time.perf_counter() - wall_start))
+
+
+def _start(r: _Run, resume: Path | None) -> ResumePoint:
+    """Restore a resumed run's state (or start at epoch 0), write the run's first files, say where it is."""
+    start = ResumePoint(0, 0, r.best.state(), None)
+    if resume is not None:
+        start = restore_training(load_checkpoint(r.artifacts.run.last), r.s.resumable_parts(), r.s.spec.class_names)
+        r.best.load(start)
+        r.report.say(f"resuming {r.artifacts.run.path} at epoch {start.epoch + 1}, step {start.step_in_epoch}")
+    r.artifacts.start(r.s, start if resume is not None else None)
+    for note in r.s.notes:
+        r.report.say(note)
+    r.report.say(f"run directory: {r.artifacts.run.path}")
+    return start
+
+
+def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int]:
+    """One epoch's training steps from `first_step` on; returns the result and the epoch's step count."""
+    s, epochs = r.s, r.s.recipe.train.epochs
+    s.train_loader.set_epoch(epoch, start=first_step * s.recipe.train.batch_size)
+    steps_in_epoch = first_step + len(s.train_loader)
+    loader = r.report.wrap(s.train_loader, epoch + 1, epochs, first_step)
+    log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log)
+    r.lr = s.optimizer.param_groups[0]["lr"]
+    try:
+        return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
+                               on_log=log, should_stop=lambda: any_rank(r.stop.requested, s.dist, s.device)), steps_in_epoch
+    except NonFiniteLoss as exc:
+        raise UserError(
+            f"training diverged in epoch {epoch + 1}: {exc}; kept the last good checkpoint in "
+            f"{r.artifacts.run.checkpoints}; try a lower optim.lr, train.precision=fp32 or train.grad_clip_norm=1.0",
+            exit_code=3,
+        ) from None
+    finally:
+        r.report.close_bar()
+
+
+def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, result: EpochResult) -> bool:
+    """A stop before the epoch's last step: save where we are (epoch, step) for --resume."""
+    if not result.stopped or done >= steps_in_epoch:
+        return False
+    r.artifacts.checkpoint(r.s, r.best.point(epoch, done))
+    r.report.say(f"stopped at epoch {epoch + 1} step {done}; resume with: inceptionlab train --resume {r.artifacts.run.path}")
+    r.status = "interrupted"
+    return True
+
+
+def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
+    """Evaluate, then record the epoch: metrics row, best tracking, checkpoints, the epoch line."""
+    s = r.s
+    val = evaluate(s.runner, s.val_loader, s.task, s.settings)
+    row = _epoch_row(epoch, s, result, val, r.lr)
+    r.last = _eval_summary(epoch, s, val)
+    improved = r.best.update(float(row[r.best.metric]), epoch, r.last)
+    r.artifacts.epoch(s, row, val["confusion"], r.best.point(epoch, 0), improved)
+    r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped))
+
+
+def _should_end(r: _Run, epoch: int, result: EpochResult) -> bool:
+    """A stop asked for during the epoch's last step, or early stopping."""
+    patience = r.s.recipe.train.early_stop_patience
+    if result.stopped:
+        r.status = "interrupted"
+        r.report.say(f"stopped after epoch {epoch}; resume with: inceptionlab train --resume {r.artifacts.run.path}")
+    elif patience and r.best.stale_epochs >= patience:
+        r.status = "early_stopped"
+        r.report.say(f"early stop: {r.best.metric} has not improved for {r.best.stale_epochs} epochs")
+    return r.status != "completed"
+
+
+def _finish(r: _Run, seconds: float) -> dict[str, Any]:
+    """Score the test split (all ranks: evaluation all-reduces), then write summary.json and plots (rank 0)."""
+    s, test = r.s, None
+    if r.status != "interrupted" and s.test_loader is not None:
+        test = _eval_summary(0, s, evaluate(s.runner, s.test_loader, s.task, s.settings))
+        test.pop("epoch")
+    summary = {
+        "status": r.status,
+        "recipe": s.recipe.name,
+        "run_dir": str(r.artifacts.run.path),
+        "best_metric": r.best.metric,
+        "best": r.best.summary,
+        "last": r.last,
+        "epochs_done": r.last["epoch"] if r.last else None,
+        "wall_seconds": seconds,
+        "skipped_files": s.skipped_files,
+        **({"test": test} if test else {}),
+    }
+    return r.artifacts.finish(s, summary)
+
+
+def _epoch_row(epoch: int, s: Session, result: EpochResult, val: dict[str, Any], lr: float) -> dict[str, Any]:
+    return {
+        "epoch": epoch,
+        "train_loss": result.metrics["loss"],
+        "train_top1": result.metrics["top1"],
+        "val_loss": val["loss"],
+        "val_top1": val["top1"],
+        **({"val_top5": val["top5"]} if "top5" in val else {}),
+        "lr": lr,
+        "images_per_s": result.samples * s.dist.world_size / max(result.seconds, 1e-9),
+        "epoch_seconds": result.seconds,
+        "val_seconds": val["seconds"],
+        "samples": result.samples * s.dist.world_size,  # padded shards repeat a few train samples
+        "val_samples": val["samples"],  # unpadded shards: every val image exactly once
+    }
+
+
+def _eval_summary(epoch: int, s: Session, val: dict[str, Any]) -> dict[str, Any]:
+    per_class = {label: acc for label, acc in zip(s.spec.labels, val["per_class"])}
+    summary = {"epoch": epoch, "loss": val["loss"], "top1": val["top1"], "top5": val.get("top5"), "per_class": per_class}
+    return {k: v for k, v in summary.items() if v is not None}

@@ -1,0 +1,68 @@
+"""What a person watching training sees: progress bars on a terminal, plain lines otherwise, rank 0 only."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+
+class Reporter:
+    """Progress (tqdm) on a terminal, plain lines in logs; silent on ranks other than 0."""
+
+    def __init__(self, enabled: bool, progress: bool | None):
+        self.enabled = enabled
+        self.bar_enabled = enabled and (sys.stderr.isatty() if progress is None else progress)
+        self.bar: Any = None
+
+    def say(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def wrap(self, loader: Any, epoch: int, epochs: int, first_step: int) -> Any:
+        if not self.bar_enabled:
+            return loader
+        from tqdm import tqdm
+
+        self.bar = tqdm(loader, total=len(loader) + first_step, initial=first_step,
+                        desc=f"epoch {epoch}/{epochs}", unit="step", dynamic_ncols=True, leave=False)
+        return self.bar
+
+    def on_log(self, epoch: int, epochs: int, steps: int) -> Callable[[int, float], None]:
+        def log(step: int, loss: float) -> None:
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{loss:.4f}")
+            else:
+                self.say(f"epoch {epoch}/{epochs} step {step}/{steps} loss {loss:.4f}")
+
+        return log
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str]) -> str:
+    line = (
+        f"epoch {row['epoch']}/{epochs}  train_loss {row['train_loss']:.4f}  val_loss {row['val_loss']:.4f}  "
+        f"val_top1 {row['val_top1']:.4f}  " + (f"val_top5 {row['val_top5']:.4f}  " if "val_top5" in row else "") +
+        f"lr {row['lr']:.3g}  "
+        f"{row['images_per_s']:.1f} img/s  {row['epoch_seconds']:.1f}s"
+    )
+    if skipped:
+        line += f"  (skipped {len(set(skipped))} unreadable image(s), e.g. {skipped[0]})"
+    return line
+
+
+def chain(*callbacks: Callable[[int, float], None] | None) -> Callable[[int, float], None]:
+    """One on_log callback calling each of `callbacks` that is set."""
+    def call(step: int, loss: float) -> None:
+        for callback in callbacks:
+            if callback is not None:
+                callback(step, loss)
+
+    return call

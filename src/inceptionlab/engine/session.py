@@ -1,0 +1,162 @@
+"""A session: everything one training run needs, assembled once from a recipe.
+
+Data (readers -> loaders, which choose the data path), the model (registry), its spec, the task
+(loss and metrics), optimizer, schedule and scaler, on the device `runtime.resolve_device` picks.
+`fit` then only runs epochs; nothing here writes files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from inceptionlab.config import Recipe
+from inceptionlab.data.loaders import SkipTrackingLoader, cap_samples, make_loader
+from inceptionlab.data.readers import read_splits
+from inceptionlab.engine.distributed import DistInfo, init_distributed
+from inceptionlab.engine.loop import StepSettings
+from inceptionlab.engine.optim import build_optimizer, build_scheduler
+from inceptionlab.engine.task import make_task
+from inceptionlab.errors import UserError
+from inceptionlab.models.registry import build_model
+from inceptionlab.models.spec import ModelSpec
+from inceptionlab.runtime import resolve_device, seed_everything
+
+
+@dataclass
+class Session:
+    """Everything a run needs, built once from the recipe."""
+
+    recipe: Recipe
+    dist: DistInfo
+    device: torch.device
+    spec: ModelSpec
+    model: nn.Module  # the plain module (its state_dict is what we save)
+    runner: nn.Module  # what we call: maybe DDP- and/or compile-wrapped
+    task: Any
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    train_loader: SkipTrackingLoader
+    val_loader: SkipTrackingLoader
+    settings: StepSettings
+    notes: list[str] = field(default_factory=list)
+    splits: Any = None
+    test_loader: Any = None
+
+    def resumable_parts(self) -> dict[str, Any]:
+        """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler}
+
+    @property
+    def skipped_files(self) -> list[str]:
+        return sorted(set(self.train_loader.skipped + self.val_loader.skipped))
+
+
+def build_session(recipe: Recipe) -> Session:
+    dist = init_distributed(_device_type(recipe.train.device))
+    device = resolve_device(recipe.train.device, dist.local_rank if dist.enabled else None)
+    seed_everything(recipe.train.seed + dist.rank, recipe.train.deterministic)
+    splits, train_loader, val_loader, test_loader = _build_data(recipe, dist, device)
+    num_classes = _num_classes(recipe, splits)
+    built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
+                        **{**recipe.model.kwargs, **splits.model_kwargs})
+    model, runner = _place_model(built.model, recipe, dist, device)
+    optimizer = build_optimizer(model.parameters(), recipe.optim)
+    scheduler = build_scheduler(optimizer, recipe.schedule, recipe.train.epochs)
+    scaler = torch.amp.GradScaler(device.type, enabled=recipe.train.precision == "fp16")
+    spec = _make_spec(recipe, splits, num_classes, built.arch_kwargs)
+    prepare = input_preparation(spec, recipe.train.channels_last, device)
+    settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
+    task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
+    notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}"]
+    return Session(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
+                   train_loader, val_loader, settings, notes, splits, test_loader)
+
+
+def _device_type(name: str) -> str:
+    # Decided before the process group exists: NCCL/RCCL for GPUs, gloo otherwise.
+    return "cuda" if name.startswith("cuda") or (name == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def _num_classes(recipe: Recipe, splits: Any) -> int:
+    num_classes = len(splits.class_names)
+    if recipe.model.num_classes not in (None, num_classes):
+        raise UserError(
+            f"model.num_classes={recipe.model.num_classes} but {recipe.data.root} has {num_classes} classes; "
+            "set model.num_classes=null to follow the data"
+        )
+    return num_classes
+
+
+def _place_model(model: nn.Module, recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """(the plain module on the device, what the loop calls: DDP- and/or compile-wrapped)."""
+    memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
+    model = model.to(device=device, memory_format=memory_format)
+    runner: nn.Module = model
+    if dist.enabled:
+        runner = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if recipe.train.compile:
+        runner = torch.compile(runner)
+    return model, runner
+
+
+def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[Any, Any, Any, Any]:
+    cfg = recipe.data
+    splits = read_splits(cfg)
+    train_set = cap_samples(splits.train, cfg.max_train_samples, recipe.train.seed)
+    val_set = cap_samples(splits.val, cfg.max_val_samples, recipe.train.seed)
+    if len(train_set) == 0 or len(val_set) == 0:
+        raise UserError(f"{cfg.root}: the train or val split is empty")
+    common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
+                  pin_memory=device.type == "cuda", device=device, mode=cfg.loader)
+    train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, **common)
+    val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)
+    test_loader = None
+    if splits.test is not None:
+        test_loader = make_loader(splits.test, batch_size=_eval_batch(recipe), train=False, **common)
+    return splits, train_loader, val_loader, test_loader
+
+
+def _eval_batch(recipe: Recipe) -> int:
+    # No activations are kept for backward in evaluation: twice the training batch fits.
+    return recipe.train.eval_batch_size or 2 * recipe.train.batch_size
+
+
+def _make_spec(recipe: Recipe, splits: Any, num_classes: int, arch_kwargs: dict[str, Any]) -> ModelSpec:
+    cfg = recipe.data
+    inputs = getattr(splits.train, "inputs", None)
+    tokens = inputs is not None and not inputs.dtype.is_floating_point and inputs.dtype != torch.uint8
+    return ModelSpec(
+        arch=recipe.model.name,
+        num_classes=num_classes,
+        class_names=list(splits.class_names),
+        class_labels=splits.class_labels,
+        task=recipe.task,
+        crop_size=cfg.val_crop_size,
+        resize_size=cfg.val_resize_size,
+        interpolation=cfg.interpolation,
+        mean=list(cfg.mean),
+        std=list(cfg.std),
+        arch_kwargs=arch_kwargs,
+        input_kind="tokens" if tokens else "image",
+        channels=int(inputs.shape[1]) if inputs is not None and not tokens else 3,
+        tokenizer="tokenizer.json" if "tokenizer.json" in splits.artifacts else None,
+    )
+
+
+def _identity(inputs: torch.Tensor) -> torch.Tensor:
+    return inputs
+
+
+def input_preparation(spec: ModelSpec, channels_last: bool, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 images -> normalised floats on the device; token ids pass through."""
+    if spec.input_kind != "image":
+        return _identity
+    # Imported here: data.transforms imports torchvision (~1.3 s), which text runs never need.
+    from inceptionlab.data.transforms import Normalize
+
+    return Normalize(spec.mean, spec.std, channels_last=channels_last).to(device)

@@ -1,0 +1,146 @@
+"""One home for where code runs: the device resolver, seeding, the autocast table, the environment record.
+
+Training, evaluation, predict, bench and serve all ask here, so `--device cuda:1` means the same
+thing everywhere and `env.json` and bench rows describe a machine with the same schema.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import random
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from inceptionlab.errors import UserError
+
+if TYPE_CHECKING:
+    from inceptionlab.engine.distributed import DistInfo
+
+DEVICE_HELP = "auto, cpu, cuda or cuda:N (a ROCm GPU is 'cuda' too)"
+
+# Precision name -> autocast dtype (None: plain fp32). The one table training, bench and serve use.
+AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Packages whose versions go into every environment record (env.json, bench rows, export sidecars).
+RECORDED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu",
+                     "onnxruntime-migraphx", "openvino", "nncf", "tokenizers")
+
+
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a torch.device, or a UserError saying how to fix it.
+
+    Under torchrun, plain `cuda` (or `auto` on a GPU machine) means this process's local GPU.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r}: use {DEVICE_HELP}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name!r}: use {DEVICE_HELP}")
+    if device.type == "cuda":
+        _check_gpu(name, device)
+        if device.index is None and local_rank is not None:
+            device = torch.device("cuda", local_rank)
+    return device
+
+
+def _check_gpu(name: str, device: torch.device) -> None:
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {name}: no GPU is visible to PyTorch; run `inceptionlab doctor` or use --device cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UserError(f"--device {name}: only {count} GPU(s) visible (cuda:0..cuda:{count - 1})")
+
+
+def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
+    dtype = AUTOCAST_DTYPES[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    elif torch.cuda.is_available():
+        torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN/MIOpen pick kernels
+
+
+def cpu_model_name() -> str:
+    # platform.processor() is empty on most Linux systems; /proc/cpuinfo has the marketing name.
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_capability() -> str:
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except Exception:  # older torch or exotic platform
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in RECORDED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def environment(device: torch.device | str, dist: "DistInfo | None" = None) -> dict[str, Any]:
+    """The machine and software a figure was measured on: env.json and every bench row."""
+    device = torch.device(device)
+    env: dict[str, Any] = {
+        "versions": package_versions(),
+        "build": _torch_build(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model_name(),
+        "cpu": cpu_model_name(),
+        "cpu_capability": cpu_capability(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "world_size": dist.world_size if dist is not None else 1,
+        "host": platform.node(),
+        "load_average": load_average(),
+        "argv": sys.argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    return env
+
+
+def _torch_build() -> str:
+    if getattr(torch.version, "hip", None):
+        return f"rocm {torch.version.hip}"
+    if torch.version.cuda:
+        return f"cuda {torch.version.cuda}"
+    return "cpu"
