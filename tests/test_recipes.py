@@ -44,7 +44,6 @@ def test_base_inheritance_and_overrides(tmp_path):
     [
         ("train.epoch=3", "train.epoch"),  # typo: unknown key
         ("optim.lr=fast", "optim.lr"),  # wrong type
-        ("train.precision=fp8", "train.precision"),  # not a choice
         ("data.val_resize_size=100", "val_resize_size"),  # smaller than the crop
         ("train.epochs", "key=value"),  # malformed
     ],
@@ -77,3 +76,39 @@ def test_cli_lists_and_shows_recipes(cli):
     shown = cli("recipes", "--show", "inception_v3/tiny_imagenet")
     assert shown.code == 0 and "lr: 0.1" in shown.out and "step_size: 30" in shown.out
     assert {n for n, _ in list_recipes()} == set(ALL_RECIPES)
+
+
+@pytest.mark.parametrize(
+    "override, key, valid",
+    [
+        ("optim.name=lamb", "optim.name", "sgd, adamw, adam"),
+        ("schedule.name=onecycle", "schedule.name", "steplr, cosine, constant"),
+        ("task=regression", "task", "multiclass, binary"),
+        ("train.precision=fp8", "train.precision", "fp32, bf16, fp16"),
+        ("train.best_metric=val_top3", "train.best_metric", "val_top1"),
+        ("data.reader=coco", "data.reader", "imagefolder"),
+        ("data.loader=dali", "data.loader", "resident"),
+    ],
+)
+def test_choices_are_checked_against_the_engine_tables_at_load(override, key, valid):
+    from inceptionlab.engine.choices import load_training_recipe
+
+    with pytest.raises(UserError) as err:
+        load_training_recipe("inception_v3/tiny_imagenet", [override])
+    message = str(err.value)
+    assert f"{key}=" in message and valid in message and "\n" not in message
+
+
+def test_a_new_table_entry_is_a_valid_choice_with_no_second_list(monkeypatch):
+    from inceptionlab.engine import choices, optim
+
+    monkeypatch.setitem(optim.OPTIMIZERS, "lamb", optim.OPTIMIZERS["adamw"])
+    recipe = choices.load_training_recipe("inception_v3/tiny_imagenet", ["optim.name=lamb"])
+    assert recipe.optim.name == "lamb"
+
+
+def test_every_shipped_recipe_passes_the_table_checks():
+    from inceptionlab.engine.choices import load_training_recipe
+
+    for name, _ in list_recipes():
+        assert load_training_recipe(name).name == name

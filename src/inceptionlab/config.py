@@ -21,11 +21,9 @@ from inceptionlab.errors import UserError
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
-OPTIMIZERS = ("sgd", "adamw", "adam")
-SCHEDULES = ("steplr", "cosine", "constant")
-TASKS = ("multiclass", "binary")
+# Values that pick from an engine table (optim.name, schedule.name, task, train.precision, data.reader,
+# data.loader, train.best_metric) are checked against those tables by engine/choices.py.
 
 
 def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
@@ -51,9 +49,6 @@ class ModelConfig:
     def __post_init__(self) -> None:
         _check_positive("model.num_classes", self.num_classes)
         _check_positive("model.aux_loss_weight", self.aux_loss_weight, allow_zero=True)
-
-
-LOADERS = ("auto", "resident", "workers")
 
 
 @dataclass
@@ -92,7 +87,6 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check_choice("data.interpolation", self.interpolation, INTERPOLATIONS)
-        _check_choice("data.loader", self.loader, LOADERS)
         if self.val_fraction is not None and not 0 < self.val_fraction < 1:
             raise ValueError(f"data.val_fraction={self.val_fraction} must be in (0, 1)")
         for name in ("train_crop_size", "val_resize_size", "val_crop_size"):
@@ -130,7 +124,6 @@ class TrainConfig:
     early_stop_min_delta: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_choice("train.precision", self.precision, PRECISIONS)
         _check_positive("train.epochs", self.epochs)
         _check_positive("train.batch_size", self.batch_size)
         _check_positive("train.eval_batch_size", self.eval_batch_size)
@@ -153,7 +146,6 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam(W) only
 
     def __post_init__(self) -> None:
-        _check_choice("optim.name", self.name, OPTIMIZERS)
         _check_positive("optim.lr", self.lr)
         _check_positive("optim.weight_decay", self.weight_decay, allow_zero=True)
 
@@ -168,7 +160,6 @@ class ScheduleConfig:
     min_lr: float = 0.0  # cosine floor
 
     def __post_init__(self) -> None:
-        _check_choice("schedule.name", self.name, SCHEDULES)
         _check_positive("schedule.step_size", self.step_size)
         _check_positive("schedule.warmup_epochs", self.warmup_epochs, allow_zero=True)
 
@@ -185,7 +176,6 @@ class Recipe:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("task", self.task, TASKS)
         if self.model.aux_loss_weight is not None and self.data.train_crop_size < 299:
             # Inception's aux head pools 5x5/3 over Mixed_6e then applies a 5x5 conv: Mixed_6e must be
             # 17x17, which it is only from 299 px up (measured: 298 px fails).

@@ -24,7 +24,7 @@ def demo(
 
     Example: inceptionlab demo --set train.epochs=2
     """
-    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.choices import load_training_recipe as load_recipe
     from inceptionlab.engine.fit import fit
     from inceptionlab.infer.predict import Predictor, load_run_model
     from inceptionlab.runtime import resolve_device

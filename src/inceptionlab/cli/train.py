@@ -32,7 +32,7 @@ def train(
 
       torchrun --nproc_per_node=8 -m inceptionlab train inception_v3/tiny_imagenet --data DIR
     """
-    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.choices import load_training_recipe as load_recipe
     from inceptionlab.engine.distributed import shutdown_distributed
     from inceptionlab.engine.fit import fit
 
@@ -83,7 +83,8 @@ def recipes(
 
     Example: inceptionlab recipes --show inception_v3/tiny_imagenet
     """
-    from inceptionlab.config import list_recipes, load_recipe, recipe_to_dict, recipe_to_yaml
+    from inceptionlab.config import list_recipes, recipe_to_dict, recipe_to_yaml
+    from inceptionlab.engine.choices import load_training_recipe as load_recipe
 
     if show:
         recipe = load_recipe(show)

@@ -17,6 +17,10 @@ from inceptionlab.data.arrays import ArraySplit
 from inceptionlab.data.splits import collate_skipping_unreadable
 
 
+# data.loader choices, as make_loader reads them: auto = resident for in-memory splits, workers otherwise.
+LOADERS = ("auto", "resident", "workers")
+
+
 class EpochSampler(Sampler[int]):
     """Shuffled (or sequential) indices for one rank of `world_size`, reproducible per epoch.
 

@@ -186,7 +186,7 @@ def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
     val = evaluate(s.runner, s.val_loader, s.task, s.settings)
     row = _epoch_row(epoch, s, result, val, r.lr)
     r.last = _eval_summary(epoch, s, val)
-    improved = r.best.update(float(row[r.best.metric]), epoch, r.last)
+    improved = r.best.update(float(row[r.best.metric]), epoch, r.last)  # a valid key: engine/choices.py
     r.artifacts.epoch(s, row, val["confusion"], r.best.point(epoch, 0), improved)
     r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped))
 

@@ -23,7 +23,7 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     ),
 }
 
-_MAIN_SCHEDULES: dict[str, Callable[[torch.optim.Optimizer, ScheduleConfig, int], lr_scheduler.LRScheduler]] = {
+SCHEDULES: dict[str, Callable[[torch.optim.Optimizer, ScheduleConfig, int], lr_scheduler.LRScheduler]] = {
     "steplr": lambda opt, c, epochs: lr_scheduler.StepLR(opt, step_size=c.step_size, gamma=c.gamma),
     "cosine": lambda opt, c, epochs: lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs), eta_min=c.min_lr),
     "constant": lambda opt, c, epochs: lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=0),
@@ -42,7 +42,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, epochs: int) -> lr_scheduler.LRScheduler:
     """The main schedule, after `warmup_epochs` of linear warm-up when asked for."""
     if cfg.warmup_epochs <= 0:
-        return _MAIN_SCHEDULES[cfg.name](optimizer, cfg, epochs)
+        return SCHEDULES[cfg.name](optimizer, cfg, epochs)
     warmup = lr_scheduler.LinearLR(optimizer, start_factor=cfg.warmup_start_factor, total_iters=cfg.warmup_epochs)
-    main = _MAIN_SCHEDULES[cfg.name](optimizer, cfg, epochs - cfg.warmup_epochs)
+    main = SCHEDULES[cfg.name](optimizer, cfg, epochs - cfg.warmup_epochs)
     return lr_scheduler.SequentialLR(optimizer, [warmup, main], milestones=[cfg.warmup_epochs])

@@ -100,9 +100,8 @@ TASKS = {"multiclass": MulticlassTask, "binary": BinaryTask}
 
 
 def make_task(kind: str, num_classes: int, label_smoothing: float = 0.0, aux_loss_weight: float | None = None) -> Any:
-    if kind == "binary":
-        return BinaryTask(label_smoothing=label_smoothing)
-    task = MulticlassTask(num_classes=num_classes, label_smoothing=label_smoothing)
-    if aux_loss_weight is not None:
-        task.aux_loss_weight = aux_loss_weight
-    return task
+    """The task named `kind` in TASKS; `aux_loss_weight` only for tasks that weigh auxiliary heads."""
+    options: dict[str, Any] = {"num_classes": num_classes, "label_smoothing": label_smoothing}
+    if aux_loss_weight is not None and "aux_loss_weight" in TASKS[kind].__dataclass_fields__:
+        options["aux_loss_weight"] = aux_loss_weight
+    return TASKS[kind](**options)
