@@ -112,3 +112,24 @@ def test_every_shipped_recipe_passes_the_table_checks():
 
     for name, _ in list_recipes():
         assert load_training_recipe(name).name == name
+
+
+@pytest.mark.slow
+def test_a_built_wheel_ships_every_recipe(tmp_path):
+    """A plain (non-editable) install has the recipes: they are package data, not files beside the repo."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    project = tmp_path / "project"  # a copy, so the build leaves nothing in the checkout
+    shutil.copytree(repo / "src", project / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, project / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(project),
+                    "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=240)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    shipped = {n.split("inceptionlab/recipes/", 1)[1] for n in zipfile.ZipFile(wheel).namelist() if "/recipes/" in n}
+    assert shipped == {f"{name}.yaml" for name in ALL_RECIPES}

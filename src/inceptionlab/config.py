@@ -19,7 +19,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from inceptionlab.errors import UserError
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+# Shipped as package data, so a plain (non-editable) `pip install .` has them; `recipes/` at the
+# repository root is a link here.
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 # Values that pick from an engine table (optim.name, schedule.name, task, train.precision, data.reader,
