@@ -20,6 +20,7 @@ demo: setup
 	$(VENV)/bin/inceptionlab demo
 
 test: setup
+	$(VENV)/bin/lint-imports --no-cache  # the layer contract in pyproject.toml (DESIGN.md)
 	$(PY) -m pytest -q
 
 bench: setup

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import torch
 
+from inceptionlab.runtime import cpu_capability, cpu_model_name
+
 Status = Literal["ok", "warn", "fail"]
 
 # fp32 device result vs CPU fp32 (and CPU fp32 vs fp64): a 3x3x3 conv accumulates 27 products
@@ -301,25 +303,6 @@ def kernel_entry(comparison: Comparison, seconds: float) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- CPU facts
-
-
-def cpu_model_name() -> str:
-    # platform.processor() is empty on most Linux systems; /proc/cpuinfo has the marketing name.
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_capability() -> str:
-    try:
-        return torch.backends.cpu.get_cpu_capability()
-    except Exception:  # older torch or exotic platform
-        return "unknown"
 
 
 def cpu_bf16_autocast() -> tuple[bool, str]:

@@ -13,14 +13,11 @@ import random
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from inceptionlab.errors import UserError
-
-if TYPE_CHECKING:
-    from inceptionlab.engine.distributed import DistInfo
 
 DEVICE_HELP = "auto, cpu, cuda or cuda:N (a ROCm GPU is 'cuda' too)"
 
@@ -117,7 +114,7 @@ def load_average() -> float | None:
         return None
 
 
-def environment(device: torch.device | str, dist: "DistInfo | None" = None) -> dict[str, Any]:
+def environment(device: torch.device | str, world_size: int = 1) -> dict[str, Any]:
     """The machine and software a figure was measured on: env.json and every bench row."""
     device = torch.device(device)
     env: dict[str, Any] = {
@@ -129,7 +126,7 @@ def environment(device: torch.device | str, dist: "DistInfo | None" = None) -> d
         "cpu_capability": cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "world_size": dist.world_size if dist is not None else 1,
+        "world_size": world_size,
         "host": platform.node(),
         "load_average": load_average(),
         "argv": sys.argv,

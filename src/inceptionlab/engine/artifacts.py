@@ -30,7 +30,7 @@ class RunArtifacts:
         if resumed_at is not None:
             self.run.truncate_metrics(resumed_at.epoch)  # rows after the checkpoint are redone
         atomic_write_text(self.run.path / "recipe.resolved.yaml", recipe_to_yaml(s.recipe))
-        atomic_write_json(self.run.path / "env.json", environment(s.device, s.dist))
+        atomic_write_json(self.run.path / "env.json", environment(s.device, s.dist.world_size))
         s.spec.save(self.run.spec_file)
         for name, save in s.splits.artifacts.items():  # e.g. the text vectorizer's tokenizer.json
             save(self.run.path / name)
