@@ -15,6 +15,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+import numpy as np
 import torch
 
 from inceptionlab.errors import UserError
@@ -65,8 +66,6 @@ def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractC
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
-    import numpy as np
-
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
