@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -39,7 +39,7 @@ from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, StepSettings, e
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
-from inceptionlab.models.registry import build_model
+from inceptionlab.models.registry import build_model, resolve_data_config
 from inceptionlab.models.spec import ModelSpec
 
 
@@ -204,25 +204,26 @@ def _make_spec(recipe: Recipe, splits: Any, num_classes: int, arch_kwargs: dict[
     cfg = recipe.data
     inputs = getattr(splits.train, "inputs", None)
     tokens = inputs is not None and not inputs.dtype.is_floating_point and inputs.dtype != torch.uint8
+    # Text models take token ids: the image fields keep ModelSpec's defaults (resolve_data_config fills none).
+    image = {} if tokens else dict(crop_size=cfg.val_crop_size, resize_size=cfg.val_resize_size,
+                                   interpolation=cfg.interpolation, mean=list(cfg.mean), std=list(cfg.std))
     return ModelSpec(
         arch=recipe.model.name,
         num_classes=num_classes,
         class_names=list(splits.class_names),
         class_labels=splits.class_labels,
         task=recipe.task,
-        crop_size=cfg.val_crop_size,
-        resize_size=cfg.val_resize_size,
-        interpolation=cfg.interpolation,
-        mean=list(cfg.mean),
-        std=list(cfg.std),
+        **image,
         arch_kwargs=arch_kwargs,
         input_kind="tokens" if tokens else "image",
         channels=int(inputs.shape[1]) if inputs is not None and not tokens else 3,
         tokenizer="tokenizer.json" if "tokenizer.json" in splits.artifacts else None,
+        sequence_length=int(inputs.shape[1]) if tokens else None,
     )
 
 
 def build_session(recipe: Recipe) -> Session:
+    recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
     device_type = "cuda" if recipe.train.device.startswith("cuda") or (
         recipe.train.device == "auto" and torch.cuda.is_available()) else "cpu"
     dist = init_distributed(device_type)
@@ -270,9 +271,7 @@ def input_preparation(spec: ModelSpec, channels_last: bool, device: torch.device
     """uint8 images -> normalised floats on the device; token ids pass through."""
     if spec.input_kind != "image":
         return _identity
-    from inceptionlab.data.transforms import Normalize
-
-    return Normalize(spec.mean, spec.std, channels_last=channels_last).to(device)
+    return spec.normalizer(channels_last).to(device)
 
 
 def _checkpoint(s: Session, epoch: int, step: int, best: BestTracker, best_summary: dict[str, Any] | None) -> dict[str, Any]:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inceptionlab.models.registry import register_model
+from inceptionlab.models.registry import Preprocessing, register_model
+
+# The guide's Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)): pixels to [-1, 1], at CIFAR-10's 32 px.
+CIFAR10_PREPROCESSING = Preprocessing(32, 32, "bilinear", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+# The guide's `/ 255.0` (mean 0, std 1) at Fashion-MNIST's 28 px; one grey channel.
+FASHION_PREPROCESSING = Preprocessing(28, 28, "bilinear", (0.0,), (1.0,))
 
 
-@register_model("cifar10_cnn")
+@register_model("cifar10_cnn", CIFAR10_PREPROCESSING)
 def cifar10_cnn(num_classes: int = 10) -> nn.Module:
     """The guide's CIFAR-10 network as described (its listing has typos): 32x32 RGB input.
 
@@ -24,7 +29,7 @@ def cifar10_cnn(num_classes: int = 10) -> nn.Module:
     )
 
 
-@register_model("fashion_mlp")
+@register_model("fashion_mlp", FASHION_PREPROCESSING)
 def fashion_mlp(num_classes: int = 10, in_features: int = 28 * 28, hidden: int = 128) -> nn.Module:
     """The guide's Keras model: Flatten -> Dense 128 ReLU -> Dense 10 (logits)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
@@ -68,6 +73,6 @@ class TextClassifier(nn.Module):
         return self.fc(self.dropout(pooled))
 
 
-@register_model("text_classifier")
+@register_model("text_classifier", preprocessing=None)  # token ids, no images
 def text_classifier(num_classes: int = 2, vocab_size: int = 10_001, embedding_dim: int = 16, dropout: float = 0.2) -> nn.Module:
     return TextClassifier(num_classes, vocab_size, embedding_dim, dropout)
