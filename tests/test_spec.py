@@ -9,7 +9,11 @@ from PIL import Image
 
 from inceptionlab.config import load_recipe
 from inceptionlab.errors import UserError
-from inceptionlab.models.registry import pretrained_spec, resolve_data_config, weights_preprocessing
+from inceptionlab.models.registry import (
+    pretrained_spec,
+    resolve_data_config,
+    weights_preprocessing,
+)
 from inceptionlab.models.spec import ModelSpec
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]

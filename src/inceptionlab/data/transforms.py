@@ -9,8 +9,7 @@ once per batch on the accelerator instead of per image in a worker process.
 from __future__ import annotations
 
 from torch import nn
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import v2
+from torchvision.transforms import InterpolationMode, v2
 
 from inceptionlab.config import DataConfig
 

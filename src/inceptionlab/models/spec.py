@@ -14,9 +14,10 @@ bench all use these two.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -65,7 +66,7 @@ class ModelSpec:
             return (self.sequence_length,)
         return (self.channels, self.crop_size, self.crop_size)
 
-    def eval_transform(self) -> "v2.Compose":
+    def eval_transform(self) -> v2.Compose:
         """Decoded image (PIL or uint8 tensor, any channel count) -> uint8 CHW tensor of `input_shape`."""
         self._require_image("preprocess images")
         return eval_transform(self.resize_size, self.crop_size, self.interpolation, self.channels)
@@ -74,7 +75,7 @@ class ModelSpec:
         """One decoded image -> uint8 CHW tensor of `input_shape` (build `eval_transform()` once for many)."""
         return torch.as_tensor(self.eval_transform()(image))
 
-    def normalizer(self, channels_last: bool = False) -> "Normalize":
+    def normalizer(self, channels_last: bool = False) -> Normalize:
         """The on-device half: uint8/float NCHW batch -> (x / 255 - mean) / std as float32."""
         self._require_image("normalise images")
         return Normalize(self.mean, self.std, channels_last)
@@ -110,7 +111,7 @@ class ModelSpec:
 SUPPORTED_CHANNELS = (1, 3)
 
 
-def eval_transform(resize_size: int, crop_size: int, interpolation: str, channels: int = 3) -> "v2.Compose":
+def eval_transform(resize_size: int, crop_size: int, interpolation: str, channels: int = 3) -> v2.Compose:
     """Convert channels, resize the shorter side to resize_size, centre-crop crop_size (the guide's
     342 -> 299); stops at uint8 so workers ship 4x fewer bytes than float32 to the device."""
     # torchvision is imported on first use: it adds ~1.3 s to start-up, and text runs never need it.
