@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,3 +104,27 @@ def inception_hub(tmp_path_factory):
     torch.save(model.state_dict(), target)
     yield {"dir": hub, "state": model.state_dict()}
     torch.hub.set_dir(previous)
+
+
+@pytest.fixture(scope="session")
+def cifar_root(tmp_path_factory):
+    """Original-format pickle batches built from the 200 real CIFAR-10 PNGs and the real batches.meta."""
+    import numpy as np
+    from PIL import Image
+
+    from inceptionlab.data.cifar10 import read_label_names, write_cifar10_batch
+
+    source = shared_data("cifar-10")
+    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
+    root.mkdir()
+    shutil.copy(source / "cifar-10-batches-py" / "batches.meta", root)
+    names = read_label_names(root / "batches.meta")
+    folder = source / "kaggle_train_first200"
+    rows = [line.split(",") for line in (folder / "trainLabels.csv").read_text().split()]  # "1.png,frog"
+    images = np.stack([np.asarray(Image.open(folder / "train" / name).convert("RGB")).transpose(2, 0, 1)
+                       for name, _ in rows])
+    labels = [names.index(label) for _, label in rows]
+    for b in range(5):
+        write_cifar10_batch(root / f"data_batch_{b + 1}", images[b * 30:(b + 1) * 30], labels[b * 30:(b + 1) * 30])
+    write_cifar10_batch(root / "test_batch", images[150:], labels[150:])
+    return root

@@ -33,29 +33,6 @@ def run_summary(cli, *args):
 # --- CIFAR-10 -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cifar_root(tmp_path_factory):
-    """Original-format pickle batches built from the 200 real CIFAR-10 PNGs and the real batches.meta."""
-    from inceptionlab.data.cifar10 import write_cifar10_batch
-
-    source = shared_data("cifar-10")
-    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
-    root.mkdir()
-    shutil.copy(source / "cifar-10-batches-py" / "batches.meta", root)
-    from inceptionlab.data.cifar10 import read_label_names
-
-    names = read_label_names(root / "batches.meta")
-    folder = source / "kaggle_train_first200"
-    rows = [line.split(",") for line in (folder / "trainLabels.csv").read_text().split()]  # "1.png,frog"
-    images = np.stack([np.asarray(Image.open(folder / "train" / name).convert("RGB")).transpose(2, 0, 1)
-                       for name, _ in rows])
-    labels = [names.index(label) for _, label in rows]
-    for b in range(5):
-        write_cifar10_batch(root / f"data_batch_{b + 1}", images[b * 30:(b + 1) * 30], labels[b * 30:(b + 1) * 30])
-    write_cifar10_batch(root / "test_batch", images[150:], labels[150:])
-    return root
-
-
 def test_cifar10_recipe_reports_per_class_accuracy_and_round_trips(cifar_root, tmp_path, cli):
     summary, run = run_summary(cli, "cifar10/small_cnn", "--data", cifar_root, "--out", tmp_path / "runs",
                                "--set", "train.epochs=1")

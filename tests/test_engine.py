@@ -63,10 +63,9 @@ def test_val_loss_is_sample_weighted(tmp_path):
 
     model, spec = load_run_model(outcome.run_dir)
     from inceptionlab.data.readers import read_eval_split
-    from inceptionlab.data.transforms import spec_eval_transform, spec_normalize
 
-    dataset = read_eval_split(recipe.data, spec_eval_transform(spec))
-    norm = spec_normalize(spec)
+    dataset = read_eval_split(recipe.data, spec.eval_transform())
+    norm = spec.normalizer()
     with torch.no_grad():
         losses = [torch.nn.functional.cross_entropy(model(norm(torch.as_tensor(x)[None])), torch.tensor([y]))
                   for x, y in dataset]

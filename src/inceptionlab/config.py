@@ -75,12 +75,15 @@ class DataConfig:
     text: TextConfig = field(default_factory=TextConfig)
     train_split: str = "train"
     val_split: str = "val"
-    train_crop_size: int = 299  # RandomResizedCrop output, px
-    val_resize_size: int = 342  # shorter side before the centre crop, px
-    val_crop_size: int = 299
-    interpolation: str = "bilinear"
-    mean: list[float] = field(default_factory=lambda: [0.485, 0.456, 0.406])  # ImageNet
-    std: list[float] = field(default_factory=lambda: [0.229, 0.224, 0.225])
+    # Preprocessing: null = from the model's weights (torchvision's `weights.transforms()`: ResNet50
+    # 232 -> 224, Inception v3 342 -> 299) or, for our small models, the registry's declared values;
+    # filled in by `models.registry.resolve_data_config` when the session is built.
+    train_crop_size: Optional[int] = None  # RandomResizedCrop output, px; null: the eval crop size
+    val_resize_size: Optional[int] = None  # shorter side before the centre crop, px
+    val_crop_size: Optional[int] = None
+    interpolation: Optional[str] = None  # nearest | bilinear | bicubic
+    mean: Optional[list[float]] = None  # per channel, of pixels scaled to [0, 1]
+    std: Optional[list[float]] = None
     train_crop_scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
     hflip: bool = False  # random horizontal flip in training (the guide has none)
     num_workers: Optional[int] = None  # null: min(8, CPU cores); 0 loads in the main process
@@ -88,19 +91,20 @@ class DataConfig:
     max_val_samples: Optional[int] = None
 
     def __post_init__(self) -> None:
-        _check_choice("data.interpolation", self.interpolation, INTERPOLATIONS)
+        if self.interpolation is not None:
+            _check_choice("data.interpolation", self.interpolation, INTERPOLATIONS)
         if self.val_fraction is not None and not 0 < self.val_fraction < 1:
             raise ValueError(f"data.val_fraction={self.val_fraction} must be in (0, 1)")
         for name in ("train_crop_size", "val_resize_size", "val_crop_size"):
             _check_positive(f"data.{name}", getattr(self, name))
-        if self.val_resize_size < self.val_crop_size:
+        if None not in (self.val_resize_size, self.val_crop_size) and self.val_resize_size < self.val_crop_size:
             raise ValueError(
                 f"data.val_resize_size={self.val_resize_size} is smaller than "
                 f"data.val_crop_size={self.val_crop_size}: the centre crop would not fit"
             )
         if len(self.train_crop_scale) != 2 or not 0 < self.train_crop_scale[0] <= self.train_crop_scale[1] <= 1:
             raise ValueError(f"data.train_crop_scale={self.train_crop_scale} must be [low, high] with 0 < low <= high <= 1")
-        if len(self.mean) != len(self.std):
+        if None not in (self.mean, self.std) and len(self.mean) != len(self.std):
             raise ValueError("data.mean and data.std must have the same length")
         _check_positive("data.num_workers", self.num_workers, allow_zero=True)
         _check_positive("data.max_train_samples", self.max_train_samples)
@@ -178,11 +182,12 @@ class Recipe:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     def __post_init__(self) -> None:
-        if self.model.aux_loss_weight is not None and self.data.train_crop_size < 299:
+        crop = self.data.train_crop_size
+        if self.model.aux_loss_weight is not None and crop is not None and crop < 299:
             # Inception's aux head pools 5x5/3 over Mixed_6e then applies a 5x5 conv: Mixed_6e must be
             # 17x17, which it is only from 299 px up (measured: 298 px fails).
             raise ValueError(
-                f"model.aux_loss_weight needs data.train_crop_size >= 299, got {self.data.train_crop_size}"
+                f"model.aux_loss_weight needs data.train_crop_size >= 299, got {crop}"
             )
 
 

@@ -76,7 +76,8 @@ def read_splits(cfg: DataConfig) -> SplitPair:
         return ARRAY_READERS[cfg.reader](cfg)
     # Image folders decode files per sample through torchvision transforms (imported only here).
     from inceptionlab.data.imagefolder import image_folder_splits
-    from inceptionlab.data.transforms import eval_transform, train_transform
+    from inceptionlab.data.transforms import train_transform
+    from inceptionlab.models.spec import eval_transform
 
     train_tf = train_transform(cfg)
     val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)

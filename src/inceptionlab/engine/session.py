@@ -7,7 +7,7 @@ Data (readers -> loaders, which choose the data path), the model (registry), its
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -21,7 +21,7 @@ from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
-from inceptionlab.models.registry import build_model
+from inceptionlab.models.registry import build_model, resolve_data_config
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.runtime import resolve_device, seed_everything
 
@@ -57,6 +57,8 @@ class Session:
 
 
 def build_session(recipe: Recipe) -> Session:
+    # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
+    recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
     dist = init_distributed(_device_type(recipe.train.device))
     device = resolve_device(recipe.train.device, dist.local_rank if dist.enabled else None)
     seed_everything(recipe.train.seed + dist.rank, recipe.train.deterministic)
@@ -130,21 +132,21 @@ def _make_spec(recipe: Recipe, splits: Any, num_classes: int, arch_kwargs: dict[
     cfg = recipe.data
     inputs = getattr(splits.train, "inputs", None)
     tokens = inputs is not None and not inputs.dtype.is_floating_point and inputs.dtype != torch.uint8
+    # Text models take token ids: the image fields keep ModelSpec's defaults (resolve_data_config fills none).
+    image = {} if tokens else dict(crop_size=cfg.val_crop_size, resize_size=cfg.val_resize_size,
+                                   interpolation=cfg.interpolation, mean=list(cfg.mean), std=list(cfg.std))
     return ModelSpec(
         arch=recipe.model.name,
         num_classes=num_classes,
         class_names=list(splits.class_names),
         class_labels=splits.class_labels,
         task=recipe.task,
-        crop_size=cfg.val_crop_size,
-        resize_size=cfg.val_resize_size,
-        interpolation=cfg.interpolation,
-        mean=list(cfg.mean),
-        std=list(cfg.std),
+        **image,
         arch_kwargs=arch_kwargs,
         input_kind="tokens" if tokens else "image",
         channels=int(inputs.shape[1]) if inputs is not None and not tokens else 3,
         tokenizer="tokenizer.json" if "tokenizer.json" in splits.artifacts else None,
+        sequence_length=int(inputs.shape[1]) if tokens else None,
     )
 
 
@@ -156,7 +158,4 @@ def input_preparation(spec: ModelSpec, channels_last: bool, device: torch.device
     """uint8 images -> normalised floats on the device; token ids pass through."""
     if spec.input_kind != "image":
         return _identity
-    # Imported here: data.transforms imports torchvision (~1.3 s), which text runs never need.
-    from inceptionlab.data.transforms import Normalize
-
-    return Normalize(spec.mean, spec.std, channels_last=channels_last).to(device)
+    return spec.normalizer(channels_last).to(device)

@@ -216,7 +216,7 @@ class _Reference:
 
     def inputs(self) -> np.ndarray:
         if self._inputs is None:
-            self._inputs = self.sets.holdout_inputs() if self.sets is not None else np.zeros((0, 3, 1, 1), np.float32)
+            self._inputs = self.sets.holdout_inputs() if self.sets is not None else np.zeros((0, *self.source.spec.input_shape), np.float32)
         return self._inputs
 
     def logits(self) -> np.ndarray:
@@ -237,7 +237,7 @@ def run_bench(source: ModelSource, configs: list[Config], settings: BenchSetting
         log(f"agreement images: {report.sets.describe()}")
     artifacts = Artifacts(source, settings.calib_images or None, report.sets, settings.onnx, log)
     reference = _Reference(source, report.sets)
-    context = {"gflop_per_image": gflop_per_image(source.model, source.input_shape)}
+    context = {"gflop_per_image": gflop_per_image(source.model, source.spec.input_shape)}
     baseline: dict[int, float] = {}
     for config in configs:
         try:
@@ -271,7 +271,7 @@ def _measure_config(config: Config, artifacts: Artifacts, settings: BenchSetting
         started = time.perf_counter()
         session = runtime.open(artifacts, config.precision, config.layout, settings.target, batch)
         setup_ms = (time.perf_counter() - started) * 1e3
-        inputs = random_inputs(batch, artifacts.source.input_shape)  # latency does not depend on values
+        inputs = random_inputs(batch, artifacts.source.spec.input_shape)  # latency does not depend on values
         timing = time_session(session, inputs, settings.iters, settings.warmup, setup_ms)
         row = {**asdict(config), "batch": batch, "provider": session.provider, **timing.stats(batch),
                **context, "loadavg_1min": load_average()}
@@ -298,7 +298,7 @@ def result_records(report: BenchReport, source: ModelSource, settings: BenchSett
     for row in report.rows:
         yield {**row, "run_id": run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "model": source.spec.arch,
                "source": source.label, "weights_sha256": source.weights_sha256,
-               "input_shape": list(source.input_shape), "command": command, "argv": sys.argv,
+               "input_shape": list(source.spec.input_shape), "command": command, "argv": sys.argv,
                "settings": settings.to_dict(), "env": env}
 
 

@@ -21,7 +21,6 @@ from inceptionlab.config import load_recipe
 from inceptionlab.data.imagefolder import RobustImageFolder
 from inceptionlab.data.loaders import make_loader
 from inceptionlab.data.readers import read_eval_split
-from inceptionlab.data.transforms import spec_eval_transform
 from inceptionlab.engine.loop import StepSettings, evaluate
 from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
@@ -105,7 +104,8 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     if spec.tokenizer:  # score with the vocabulary the model was trained with
         overrides.append(f"data.text.tokenizer={Path(run_dir) / spec.tokenizer}")
     recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", overrides)
-    dataset = read_eval_split(recipe.data, spec_eval_transform(spec), split)
+    transform = spec.eval_transform() if spec.input_kind == "image" else None
+    dataset = read_eval_split(recipe.data, transform, split)
     folders = getattr(dataset, "classes", None) or dataset.class_names
     if folders != spec.class_names:
         mapping = map_folders_to_model(folders, spec, Path(getattr(dataset, "root", recipe.data.root or "")))
@@ -119,7 +119,7 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
                         num_workers: int | None) -> Evaluation:
     model, spec = load_pretrained_model(name, weights)
     root = data / "val" if (data / "val").is_dir() else data
-    dataset = RobustImageFolder(root, transform=spec_eval_transform(spec))
+    dataset = RobustImageFolder(root, transform=spec.eval_transform())
     mapping = map_folders_to_model(dataset.classes, spec, root)
     result = run_evaluation(model, spec, TargetMap(dataset, mapping), device=device, batch_size=batch_size,
                             num_workers=num_workers)

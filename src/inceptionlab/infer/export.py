@@ -92,10 +92,6 @@ class ModelSource:
     def bench_results(self) -> Path:
         return self.home / "bench" / "results.jsonl"
 
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        return (3, self.spec.crop_size, self.spec.crop_size)
-
 
 def state_checksum(model: nn.Module) -> str:
     """sha256 over the state_dict's names, dtypes, shapes and bytes (~0.1 s for Inception v3's 95 MB)."""
@@ -127,10 +123,11 @@ def load_source(run_dir: Path | None = None, model: str | None = None, weights: 
 
 
 def _run_source(run_dir: Path, weights: Path | None) -> ModelSource:
-    kind = ModelSpec.load(RunDir.open(run_dir).spec_file).input_kind
-    if kind != "image":
-        raise UserError(f"{run_dir}: a {kind} model; export and bench take image classifiers "
-                        "(training already wrote a text run's export to exports/text/)")
+    spec = ModelSpec.load(RunDir.open(run_dir).spec_file)
+    if spec.input_kind != "image":
+        raise UserError(f"{run_dir}: a {spec.arch} model takes {spec.input_kind}, not images: ONNX export and bench "
+                        "take image classifiers; training already wrote this run's export, a torch.export package "
+                        f"that classifies raw text: {Path(run_dir) / 'exports' / 'text'}/ (python classify.py \"some review\")")
     net, spec = load_run_model(run_dir, weights)
     path = weights or RunDir.open(run_dir).weights_for_inference()
     net = _drop_aux(net)
@@ -216,9 +213,8 @@ def shuffled(files: list[Path], seed: int = RANDOM_SEED) -> list[Path]:
 def load_images(files: list[Path], spec: ModelSpec) -> np.ndarray:
     """uint8 NCHW array of the files after the spec's eval transform; unreadable files are skipped."""
     from inceptionlab.data.images import ImageReadError, load_rgb
-    from inceptionlab.data.transforms import spec_eval_transform
 
-    transform = spec_eval_transform(spec)
+    transform = spec.eval_transform()
     images = []
     for path in files:
         try:
@@ -226,18 +222,16 @@ def load_images(files: list[Path], spec: ModelSpec) -> np.ndarray:
         except (ImageReadError, OSError, ValueError):
             continue
     if not images:
-        return np.zeros((0, 3, spec.crop_size, spec.crop_size), np.uint8)
+        return np.zeros((0, *spec.input_shape), np.uint8)
     return torch.stack(images).numpy()
 
 
 def normalize(images: np.ndarray, spec: ModelSpec) -> np.ndarray:
     """uint8 NCHW -> float32 NCHW, (x / 255 - mean) / std: what the exported graph expects."""
-    from inceptionlab.data.transforms import spec_normalize
-
-    return spec_normalize(spec)(torch.from_numpy(images)).numpy()
+    return spec.normalizer()(torch.from_numpy(images)).numpy()
 
 
-def random_inputs(count: int, shape: tuple[int, int, int], seed: int = RANDOM_SEED) -> np.ndarray:
+def random_inputs(count: int, shape: tuple[int, ...], seed: int = RANDOM_SEED) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((count, *shape)).astype(np.float32)
 
 
@@ -315,7 +309,7 @@ def parity_inputs(source: ModelSource, folders: list[Path] | None, count: int = 
     chosen = sample[:count] + spread(rest, count - len(sample[:count]))
     images = load_images(chosen, source.spec)
     if len(images) == 0:
-        return random_inputs(4, source.input_shape), False
+        return random_inputs(4, source.spec.input_shape), False
     return normalize(images, source.spec), True
 
 
@@ -375,7 +369,7 @@ def check_opset(opset: int) -> int:
     return opset
 
 
-def trace_to_onnx(model: nn.Module, input_shape: tuple[int, int, int], opset: int, dynamic_batch: bool) -> Any:
+def trace_to_onnx(model: nn.Module, input_shape: tuple[int, ...], opset: int, dynamic_batch: bool) -> Any:
     """torch.onnx (dynamo) export to an in-memory ModelProto; the exporter's chatter goes to stderr."""
     # Batch 2, not 1: torch.export specialises a size-1 dimension to a constant.
     example = torch.zeros(2 if dynamic_batch else 1, *input_shape)
@@ -405,7 +399,7 @@ def export_onnx(source: ModelSource, opset: int = DEFAULT_OPSET, dynamic_batch: 
     onnx = _import_onnx()
     check_opset(opset)
     started = time.perf_counter()
-    proto = trace_to_onnx(source.model, source.input_shape, opset, dynamic_batch)
+    proto = trace_to_onnx(source.model, source.spec.input_shape, opset, dynamic_batch)
     _stamp(proto, source)
     try:
         onnx.checker.check_model(proto)
@@ -446,10 +440,10 @@ def sidecar_metadata(source: ModelSource, path: Path, data: bytes, opset: int, d
         "bytes": len(data),
         "opset": opset,
         "dynamic_batch": dynamic_batch,
-        "input": {"name": INPUT_NAME, "shape": [batch, *source.input_shape], "dtype": "float32", "layout": "NCHW"},
+        "input": {"name": INPUT_NAME, "shape": [batch, *spec.input_shape], "dtype": "float32", "layout": "NCHW"},
         "output": {"name": OUTPUT_NAME, "shape": [batch, spec.num_classes], "dtype": "float32"},
         "preprocessing": {
-            "resize_shorter_side": spec.resize_size, "center_crop": spec.crop_size,
+            "channels": spec.channels, "resize_shorter_side": spec.resize_size, "center_crop": spec.crop_size,
             "interpolation": spec.interpolation, "scale": "pixel / 255", "mean": spec.mean, "std": spec.std,
         },
         "classes": spec.labels,
@@ -495,7 +489,7 @@ def check_onnx_file(path: Path, spec: ModelSpec) -> None:
         raise UserError(f"{path}: expected one input and one output, found {len(graph.input)} and "
                         f"{len(graph.output)}; export it with `inceptionlab export`")
     inputs, outputs = _dims(graph.input[0]), _dims(graph.output[0])
-    want_in = [3, spec.crop_size, spec.crop_size]
+    want_in = list(spec.input_shape)
     if inputs[1:] != want_in or outputs[1:] != [spec.num_classes]:
         raise UserError(f"{path}: graph takes {inputs} -> {outputs} but the model ({spec.arch}) takes "
                         f"[batch, {', '.join(map(str, want_in))}] -> [batch, {spec.num_classes}]: it is from "

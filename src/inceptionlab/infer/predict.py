@@ -15,10 +15,9 @@ import torch
 from torch import nn
 
 from inceptionlab.data.images import ImageReadError, expand_image_paths, load_rgb
-from inceptionlab.data.transforms import Normalize, spec_eval_transform, spec_normalize
 from inceptionlab.engine.task import main_logits, make_task
 from inceptionlab.errors import UserError
-from inceptionlab.models.spec import ModelSpec
+from inceptionlab.models.spec import ModelSpec, Normalize
 
 
 @dataclass
@@ -31,8 +30,8 @@ class Predictor:
         if self.spec.input_kind != "image":
             raise UserError(f"this {self.spec.arch} model classifies text: use --text or --text-file, not image files")
         self.model = self.model.to(self.device).eval()
-        self.transform = spec_eval_transform(self.spec)
-        self.normalize: Normalize = spec_normalize(self.spec).to(self.device)
+        self.transform = self.spec.eval_transform()
+        self.normalize: Normalize = self.spec.normalizer().to(self.device)
         self.task = make_task(self.spec.task, self.spec.num_classes)
 
     @torch.inference_mode()
@@ -60,10 +59,7 @@ class Predictor:
         for path in files:
             try:
                 # Decode huge JPEGs at reduced size: the model sees resize_size px anyway.
-                image = load_rgb(path, max_side=self.spec.resize_size)
-                if self.spec.channels == 1:  # Fashion-MNIST-style models take one grey channel
-                    image = image.convert("L")
-                images.append(self.transform(image))
+                images.append(self.transform(load_rgb(path, max_side=self.spec.resize_size)))
                 results.append({"file": str(path)})
             except (ImageReadError, OSError, ValueError) as exc:
                 results.append({"file": str(path), "error": str(exc).splitlines()[0]})

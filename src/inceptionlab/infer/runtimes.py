@@ -466,7 +466,7 @@ class OnnxRuntime(Runtime):
         model = {"fp32": artifacts.onnx, "int8": artifacts.onnx_int8,
                  "fp16": artifacts.onnx_fp16 if provider.fp16_model else artifacts.onnx}[precision]()
         return OrtSession(model, provider, precision, target, batch, artifacts.cache / "onnxruntime",
-                          artifacts.source.input_shape)
+                          artifacts.source.spec.input_shape)
 
 
 # --------------------------------------------------------------------------------------- OpenVINO
@@ -537,7 +537,7 @@ class OpenVinoRuntime(Runtime):
         if target.device_type != "cpu":
             raise Unsupported("OpenVINO runs on the CPU here (--device cpu); use onnxruntime or eager on the GPU")
         model = artifacts.openvino_int8() if precision == "int8" else artifacts.onnx()
-        return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.input_shape)
+        return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.spec.input_shape)
 
 
 # --------------------------------------------------------------------------------------- registry

@@ -7,17 +7,18 @@ drops or keeps Inception's auxiliary head. `rebuild_model` recreates a trained m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
 
-from inceptionlab.errors import UserError
+from inceptionlab.config import DataConfig
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.models.small import SMALL_MODELS
-from inceptionlab.models.spec import ModelSpec
+from inceptionlab.errors import UserError
+from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
+from inceptionlab.models.spec import ModelSpec, Preprocessing
 
 if TYPE_CHECKING:
     import torchvision
@@ -30,8 +31,9 @@ def _tv_models() -> Any:
 
     return torchvision.models
 
-# Our own models: the guide's small case-study networks.
+# Our own models: the guide's small case-study networks, and the preprocessing they declare.
 _OWN_MODELS: dict[str, Callable[..., nn.Module]] = dict(SMALL_MODELS)
+_OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
 
 # Builder arguments torchvision's builders set by themselves when given pretrained weights: the
 # Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
@@ -215,18 +217,66 @@ def rebuild_model(spec: ModelSpec) -> nn.Module:
     return _tv_models().get_model(spec.arch, weights=None, num_classes=spec.num_classes, **spec.arch_kwargs)
 
 
+def weights_preprocessing(name: str) -> Preprocessing:
+    """The eval preprocessing torchvision's default weights of `name` were scored with, read from the
+    weights enum's `transforms()` metadata (no file is downloaded): resnet50 232 -> 224, inception_v3
+    342 -> 299, efficientnet_b0 256 -> 224 bicubic."""
+    preset = default_weights(name).transforms()
+    return Preprocessing(
+        resize_size=int(preset.resize_size[0]),
+        crop_size=int(preset.crop_size[0]),
+        interpolation=preset.interpolation.value,
+        mean=tuple(preset.mean),
+        std=tuple(preset.std),
+    )
+
+
+def model_preprocessing(name: str) -> Preprocessing | None:
+    """Default preprocessing of a registry model: its weights' metadata, or what our model declares."""
+    _check_known(name)
+    if name in _OWN_MODELS:
+        return _OWN_PREPROCESSING[name]
+    return weights_preprocessing(name)
+
+
+def _first_set(*values: Any) -> Any:
+    return next(value for value in values if value is not None)
+
+
+def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
+    """`data` with every empty (null) preprocessing field taken from the model's defaults (timm's
+    resolve_data_config): a recipe states only what it changes, so `--set model.name=resnet50` gets
+    ResNet's 232 -> 224 instead of Inception's 342 -> 299. The training crop follows the eval crop."""
+    defaults = model_preprocessing(model_name)
+    if defaults is None:  # no image input (text): nothing to fill
+        return data
+    crop = _first_set(data.val_crop_size, defaults.crop_size)
+    try:
+        return replace(
+            data,
+            val_resize_size=_first_set(data.val_resize_size, defaults.resize_size),
+            val_crop_size=crop,
+            train_crop_size=_first_set(data.train_crop_size, crop),
+            interpolation=_first_set(data.interpolation, defaults.interpolation),
+            mean=list(_first_set(data.mean, defaults.mean)),
+            std=list(_first_set(data.std, defaults.std)),
+        )
+    except ValueError as exc:
+        raise UserError(f"{exc} (after filling the empty data fields from {model_name}'s defaults)") from None
+
+
 def pretrained_spec(name: str) -> ModelSpec:
     """The spec of torchvision's default ImageNet weights, preprocessing from their own metadata."""
     weights = default_weights(name)
-    preprocess = weights.transforms()
+    preprocess = weights_preprocessing(name)
     categories = list(weights.meta["categories"])
     return ModelSpec(
         arch=name,
         num_classes=len(categories),
         class_names=categories,
-        crop_size=int(preprocess.crop_size[0]),
-        resize_size=int(preprocess.resize_size[0]),
-        interpolation=preprocess.interpolation.value,
+        crop_size=preprocess.crop_size,
+        resize_size=preprocess.resize_size,
+        interpolation=preprocess.interpolation,
         mean=list(preprocess.mean),
         std=list(preprocess.std),
         arch_kwargs=dict(_PRETRAINED_ARCH_KWARGS.get(name, {}), aux_logits=False)

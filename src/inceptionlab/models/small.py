@@ -5,6 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inceptionlab.models.spec import Preprocessing
+
+# The guide's Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)): pixels to [-1, 1], at CIFAR-10's 32 px.
+CIFAR10_PREPROCESSING = Preprocessing(32, 32, "bilinear", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+# The guide's `/ 255.0` (mean 0, std 1) at Fashion-MNIST's 28 px; one grey channel.
+FASHION_PREPROCESSING = Preprocessing(28, 28, "bilinear", (0.0,), (1.0,))
 
 
 def cifar10_cnn(num_classes: int = 10) -> nn.Module:
@@ -69,5 +75,10 @@ def text_classifier(num_classes: int = 2, vocab_size: int = 10_001, embedding_di
     return TextClassifier(num_classes, vocab_size, embedding_dim, dropout)
 
 
-# The guide's small case-study networks, by registry name (models.registry serves them beside torchvision's).
+# The guide's small case-study networks by registry name, with the preprocessing each declares (what a
+# recipe leaves empty falls back to; None: the model takes token ids, not images). models.registry
+# serves them beside torchvision's.
 SMALL_MODELS = {"cifar10_cnn": cifar10_cnn, "fashion_mlp": fashion_mlp, "text_classifier": text_classifier}
+SMALL_PREPROCESSING: dict[str, Preprocessing | None] = {
+    "cifar10_cnn": CIFAR10_PREPROCESSING, "fashion_mlp": FASHION_PREPROCESSING, "text_classifier": None,
+}

@@ -1,0 +1,113 @@
+"""Every shipped recipe's run exports to ONNX (parity checked) and benchmarks, or says clearly why not.
+
+Each recipe is trained tiny (a few samples, one epoch, small sizes) on its real data from
+../shared/data (skipped, naming the folder, where that data is absent), then exported and benchmarked
+with one configuration, all through the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import make_image_folder, shared_data
+
+from inceptionlab.config import list_recipes
+from inceptionlab.models.spec import ModelSpec
+
+pytest.importorskip("onnxruntime")
+
+TINY = ["train.epochs=1", "data.max_train_samples=16", "data.max_val_samples=8", "data.num_workers=0",
+        "train.batch_size=4", "train.eval_batch_size=8", "model.weights=null"]
+# Inception v3's smallest input is 75 px; 86 -> 75 keeps the resize-then-crop step of 342 -> 299.
+INCEPTION_75 = ["data.train_crop_size=75", "data.val_resize_size=86", "data.val_crop_size=75"]
+BENCH_ONE = ["--backend", "onnxruntime", "--precision", "fp32", "--batch", "1", "--iters", "2", "--warmup", "1",
+             "--device", "cpu", "--no-plot", "--json"]
+
+
+def _tiny_imagenet(tmp: Path) -> Path:
+    from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+
+    root = tmp / "tiny-imagenet-200"
+    shutil.copytree(shared_data("tiny-imagenet-200"), root, copy_function=shutil.copy)
+    prepare_tiny_imagenet(root, progress=False)  # regroups val/ by class (the shared copy is read-only)
+    return root
+
+
+def _cifar10(tmp: Path, request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue("cifar_root")  # real PNGs written as original pickle batches
+
+
+# recipe -> (data folder for `--data`, extra overrides). A new recipe must be added here (a test checks).
+DATA: dict[str, tuple[Callable[..., Path], list[str]]] = {
+    "inception_v3/tiny_imagenet": (lambda tmp, req: _tiny_imagenet(tmp), INCEPTION_75),
+    "inception_v3/imagefolder": (lambda tmp, req: make_image_folder(tmp / "folder"), INCEPTION_75),  # "your data"
+    "demo/digits": (lambda tmp, req: tmp / "digits", []),  # scikit-learn's digits, written on first use
+    "cifar10/small_cnn": (_cifar10, []),
+    "fashion_mnist/mlp": (lambda tmp, req: shared_data("fashion-mnist"), ["data.download=false"]),
+    "mnist/mlp": (lambda tmp, req: shared_data("mnist"), ["data.download=false"]),
+    "imdb/text_classifier": (lambda tmp, req: shared_data("imdb") / "aclImdb_subset", ["data.download=false"]),
+}
+# Recipes with no training run: the pretrained model they evaluate is exported instead (random
+# weights, seed 0: there are no ImageNet weight files here, and shapes do not depend on values).
+PRETRAINED = {"inception_v3/imagenet_eval": "inception_v3"}
+RECIPES = [name for name, _ in list_recipes()]
+
+
+def test_every_shipped_recipe_has_a_case_here():
+    assert sorted(RECIPES) == sorted([*DATA, *PRETRAINED])
+
+
+@pytest.fixture
+def sample_images(monkeypatch):
+    """Parity on the guide's real sample photos when present (else the run's val images or random inputs)."""
+    folder = shared_data("imagenet-sample") / "images"
+    monkeypatch.setenv("INCEPTIONLAB_SAMPLE_IMAGES", str(folder))
+
+
+def train_tiny(cli, recipe: str, tmp: Path, request: pytest.FixtureRequest) -> Path:
+    make_data, extra = DATA[recipe]
+    data = make_data(tmp, request)
+    sets = [x for s in [*TINY, *extra] for x in ("--set", s)]
+    result = cli("train", recipe, "--data", data, "--out", tmp / "runs", "--no-progress", "--json", *sets)
+    assert result.code == 0, result.err
+    return Path(json.loads(result.out.strip().splitlines()[-1])["run_dir"])
+
+
+def check_export_and_bench(cli, target: list, spec: ModelSpec, home: Path) -> None:
+    exported = cli("export", *target, "--json")
+    assert exported.code == 0, exported.err
+    meta = json.loads(Path(json.loads(exported.out)["sidecar"]).read_text())
+    assert meta["parity"]["ok"] and meta["input"]["shape"] == ["batch", *spec.input_shape]
+    assert meta["preprocessing"]["channels"] == spec.channels
+    benched = cli("bench", *target, *BENCH_ONE)
+    assert benched.code == 0, benched.err
+    row = json.loads(benched.out.strip().splitlines()[0])
+    assert row["backend"] == "onnxruntime" and row["p50_ms"] > 0
+    recorded = json.loads((home / "bench" / "results.jsonl").read_text().splitlines()[-1])
+    assert recorded["input_shape"] == list(spec.input_shape)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_run_exports_and_benchmarks(recipe, tmp_path, cli, request, sample_images):
+    if recipe in PRETRAINED:
+        name = PRETRAINED[recipe]
+        from inceptionlab.models.registry import pretrained_spec
+
+        check_export_and_bench(cli, ["--model", name, "--weights", "random", "--out", tmp_path / "exports"],
+                               pretrained_spec(name), tmp_path / "exports" / name)
+        return
+    run = train_tiny(cli, recipe, tmp_path, request)
+    spec = ModelSpec.load(run / "spec.json")
+    if spec.input_kind == "tokens":
+        # Text runs: a one-line refusal pointing at the torch.export package training wrote.
+        for command in (["export", run], ["bench", run, *BENCH_ONE]):
+            refused = cli(*command)
+            assert refused.code == 2 and "takes tokens, not images" in refused.err
+            assert str(run / "exports" / "text") in refused.err and len(refused.err.strip().splitlines()) == 1
+        assert (run / "exports" / "text" / "model.pt2").is_file()
+        return
+    check_export_and_bench(cli, [run], spec, run)
