@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
