@@ -9,24 +9,26 @@ from typing import List, Optional
 
 import typer
 
+from inceptionlab.cli import options
+
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
 def bench(
-    run: Optional[Path] = typer.Argument(None, help="A run directory (results go to RUN_DIR/bench/results.jsonl)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Benchmark a torchvision model instead, e.g. inception_v3."),
-    weights: Optional[str] = typer.Option(
-        None, "--weights", help="--model: imagenet (default), random (seed 0; latency does not depend on "
-                                "values) or a state_dict file; RUN_DIR: a checkpoint instead of model.pt."),
+    ctx: typer.Context,
+    run_dir: Optional[Path] = options.run_argument("A run directory (results go to RUN_DIR/bench/results.jsonl)."),
+    run: Optional[Path] = options.run_option(),
+    model: Optional[str] = options.model_option(),
+    weights: Optional[str] = options.weights_option(),
     backend: str = typer.Option("eager", "--backend", help="Comma list: eager, compile, onnxruntime, openvino."),
     precision: str = typer.Option("fp32", "--precision", help="Comma list: fp32, bf16, fp16, int8."),
     layout: str = typer.Option("nchw", "--layout", help="PyTorch backends: comma list of nchw, channels_last."),
     batch: str = typer.Option("1", "--batch", help="Comma list of batch sizes, e.g. 1,8,32."),
     iters: int = typer.Option(100, "--iters", min=1, help="Timed calls per configuration and batch size."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls after the first."),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda (a ROCm GPU is cuda too)."),
+    device: str = options.device_option(),
     provider: str = typer.Option("auto", "--provider", help="onnxruntime: auto | cpu | cuda | tensorrt | migraphx."),
     tune: bool = typer.Option(False, "--tune", help="Tuning step: torch.compile max-autotune, exhaustive "
                                                      "cuDNN/MIGraphX search, TensorRT level 5."),
@@ -44,7 +46,7 @@ def bench(
     out: Path = typer.Option(Path("runs/exports"), "--out", help="--model: its folder is OUT/<name>/."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw plots/bench_*.png from the results."),
     list_runtimes: bool = typer.Option(False, "--list", help="List runtimes, precisions and providers here; no timing."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per configuration and batch size."),
+    as_json: bool = options.json_option("one object per configuration and batch size"),
 ) -> None:
     """Time inference: first call apart, warm-up, synchronised calls; mean/p50/p90/p99 latency, images/s,
     GFLOP/s; for bf16/fp16/int8 the top-1 agreement with fp32 on held-out real images and whether that
@@ -77,6 +79,8 @@ def bench(
     from inceptionlab.infer.bench import run_bench
     from inceptionlab.infer.export import load_source
 
+    run = options.pick_run(run_dir, run)
+    options.pick_source(run, model)
     source = load_source(run, model, weights, out)
 
     def emit(rows: list[dict]) -> None:
@@ -86,7 +90,8 @@ def bench(
 
     report = run_bench(source, configs, settings, log=_log, on_rows=emit)
     env = environment(target.device)
-    command = _command(run, model, weights, backend, precision, layout, batch, iters, warmup, device, provider, tune)
+    # Every option as parsed (defaults too, the output switches left out): rerunning it reproduces the row.
+    command = options.canonical_command(ctx, skip=("as_json", "plot", "list_runtimes"))
     from inceptionlab.infer.bench import result_records
 
     append_jsonl(source.bench_results, list(result_records(report, source, settings, command, env)))
@@ -98,16 +103,6 @@ def bench(
 
         for path in plot_bench_run(source.home):
             _log(f"plot {path}")
-
-
-def _command(run, model, weights, backend, precision, layout, batch, iters, warmup, device, provider, tune) -> str:
-    """The call in canonical form, every setting spelled out: rerun it to reproduce a row."""
-    parts = ["inceptionlab bench", str(run) if run else f"--model {model}"]
-    if weights:
-        parts.append(f"--weights {weights}")
-    parts += [f"--backend {backend}", f"--precision {precision}", f"--layout {layout}", f"--batch {batch}",
-              f"--iters {iters}", f"--warmup {warmup}", f"--device {device}", f"--provider {provider}"]
-    return " ".join(parts + (["--tune"] if tune else []))
 
 
 def _print_table(report, source, env, settings) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Optional
 
 import typer
+
+from inceptionlab.cli import options
 
 app = typer.Typer(
     help="Download and prepare data sets (Tiny ImageNet).",
@@ -23,13 +25,11 @@ def data() -> None:
 
 @app.command("tiny-imagenet")
 def tiny_imagenet(
-    root: Annotated[Path, typer.Option(
-        "--root", help="Folder that contains (or will contain) tiny-imagenet-200/, or that folder itself.",
-    )],
-    archive: Annotated[Optional[Path], typer.Option(
-        "--archive", help="Use this local tiny-imagenet-200.zip instead of downloading it.",
-    )] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    root: Path = typer.Option(
+        ..., "--root", help="Folder that contains (or will contain) tiny-imagenet-200/, or that folder itself."),
+    archive: Optional[Path] = typer.Option(
+        None, "--archive", help="Use this local tiny-imagenet-200.zip instead of downloading it."),
+    as_json: bool = options.json_option("the report as one object"),
 ) -> None:
     """Download/extract Tiny ImageNet and move val images into val/<wnid>/images/ (safe to re-run)."""
     from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet

@@ -9,21 +9,22 @@ from typing import Optional
 
 import typer
 
+from inceptionlab.cli import options
 from inceptionlab.errors import UserError
 
 
 def evaluate(
-    run: Optional[Path] = typer.Argument(None, help="A run directory made by `inceptionlab train`."),
-    model: Optional[str] = typer.Option(None, "--model", help="Evaluate a pretrained torchvision model instead."),
-    weights: str = typer.Option("imagenet", "--weights", help="With --model: 'imagenet' or a state_dict file."),
+    run_dir: Optional[Path] = options.run_argument(),
+    run: Optional[Path] = options.run_option(),
+    model: Optional[str] = options.model_option(),
+    weights: Optional[str] = options.weights_option(),
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (default: the run's data.root)."),
     split: Optional[str] = typer.Option(None, "--split", help="Split folder to score (default: the recipe's val split)."),
-    checkpoint: Optional[Path] = typer.Option(None, "--checkpoint", help="Weights file in the run (default model.pt, else best.pt)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ (default: RUN/eval)."),
-    batch_size: int = typer.Option(64, "--batch-size", min=1),
-    num_workers: Optional[int] = typer.Option(None, "--num-workers", min=0),
-    device: str = typer.Option("auto", "--device"),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: loss, top1, top5, per_class, ..."),
+    batch_size: int = options.batch_size_option(64),
+    num_workers: Optional[int] = options.num_workers_option(),
+    device: str = options.device_option(),
+    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples"),
 ) -> None:
     """Score a model on a labelled image split.
 
@@ -34,19 +35,19 @@ def evaluate(
       inceptionlab evaluate --model inception_v3 --data data/tiny-imagenet-200 --json
     """
     from inceptionlab.infer.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
-    from inceptionlab.infer.predict import resolve_device
+    from inceptionlab.runtime import resolve_device
 
-    if (run is None) == (model is None):
-        raise UserError("give a RUN_DIR or --model NAME (one of them)")
+    run = options.pick_run(run_dir, run)
+    options.pick_source(run, model)
     dev = resolve_device(device)
     if run is not None:
         evaluation = evaluate_run(run, data, split, device=dev, batch_size=batch_size, num_workers=num_workers,
-                                  weights=checkpoint)
+                                  weights=Path(weights) if weights else None)
         out = out or run / "eval"
     else:
         if data is None:
             raise UserError("--model needs --data DIR: class folders named by ImageNet wnid or label")
-        evaluation = evaluate_pretrained(model, weights, data, device=dev, batch_size=batch_size,
+        evaluation = evaluate_pretrained(model, weights or "imagenet", data, device=dev, batch_size=batch_size,
                                          num_workers=num_workers)
         out = out or Path("runs") / "evaluate" / model / time.strftime("%Y%m%d-%H%M%S")
     paths = save_evaluation(evaluation, out)

@@ -8,18 +8,18 @@ from typing import List, Optional
 
 import typer
 
+from inceptionlab.cli import options
+
 # Kept in step with inceptionlab.infer.export.DEFAULT_OPSET (a test checks): importing that module
 # here would load torch and ONNX for every command, `--help` included (+2.5 s).
 DEFAULT_OPSET = 20
 
 
 def export(
-    run: Optional[Path] = typer.Argument(None, help="A run directory (writes RUN_DIR/exports/model.onnx)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Export a torchvision model instead, e.g. inception_v3."),
-    weights: Optional[str] = typer.Option(
-        None, "--weights",
-        help="--model: imagenet (torch hub cache, default), random (seed 0) or a state_dict file; "
-             "RUN_DIR: a checkpoint instead of model.pt."),
+    run_dir: Optional[Path] = options.run_argument("A run directory (writes RUN_DIR/exports/model.onnx)."),
+    run: Optional[Path] = options.run_option(),
+    model: Optional[str] = options.model_option(),
+    weights: Optional[str] = options.weights_option(),
     opset: int = typer.Option(DEFAULT_OPSET, "--opset", help="ONNX opset (18 or newer)."),
     dynamic_batch: bool = typer.Option(True, "--dynamic-batch/--static-batch",
                                        help="Dynamic batch axis (default) or fixed batch 1."),
@@ -27,7 +27,7 @@ def export(
     images: List[Path] = typer.Option(
         [], "--images", help="Images/folders for the parity check (default: the guide's sample pictures "
                              "and the run's val data)."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object: path, sidecar, opset, parity."),
+    as_json: bool = options.json_option("one object with path, sidecar, opset, parity"),
 ) -> None:
     """Export to ONNX (eval mode, no aux head, input `images`, output `logits`) with a sidecar
     model.onnx.json (classes, preprocessing, opset, weights checksum), after checking ONNX Runtime
@@ -44,6 +44,8 @@ def export(
     """
     from inceptionlab.infer.export import export_onnx, load_source
 
+    run = options.pick_run(run_dir, run)
+    options.pick_source(run, model)
     source = load_source(run, model, weights, out)
     result = export_onnx(source, opset=opset, dynamic_batch=dynamic_batch, images=list(images) or None)
     if as_json:

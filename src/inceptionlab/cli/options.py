@@ -11,7 +11,6 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional
 
-import click
 import typer
 
 from inceptionlab.errors import UserError
@@ -68,24 +67,24 @@ def pick_source(run: Optional[Path], model: Optional[str]) -> None:
         raise UserError("give a run directory (RUN_DIR or --run RUN_DIR) or --model NAME, one of them")
 
 
-def canonical_command(ctx: click.Context, skip: tuple[str, ...] = ()) -> str:
+def canonical_command(ctx: Any, skip: tuple[str, ...] = ()) -> str:
     """The call with every option spelled out (defaults too), so rerunning it reproduces a result row.
 
     Built from click's parsed parameters rather than a hand-kept list, so no option can be left out.
     """
-    parts = [ctx.command_path]
+    parts: list[str] = []
     for param in ctx.command.params:
         if param.name in skip or param.name not in ctx.params:
             continue
         value = ctx.params[param.name]
-        if isinstance(param, click.Argument):
+        if param.param_type_name == "argument":  # typer's parameters need not be click's own classes
             parts += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
         else:
             parts += _option_words(param, value)
-    return " ".join(shlex.quote(part) for part in parts)
+    return " ".join([ctx.command_path, *(shlex.quote(part) for part in parts)])
 
 
-def _option_words(param: click.Parameter, value: Any) -> list[str]:
+def _option_words(param: Any, value: Any) -> list[str]:
     names = [n for n in param.opts if n.startswith("--")] or list(param.opts)
     if param.is_flag and param.secondary_opts:  # --plot/--no-plot
         return [names[0] if value else param.secondary_opts[0]]

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
+from inceptionlab.cli import options
+from inceptionlab.errors import UserError
 
-def plot(run: Path = typer.Argument(..., help="A run directory.")) -> None:
+
+def plot(run_dir: Optional[Path] = options.run_argument(), run: Optional[Path] = options.run_option()) -> None:
     """Draw plots/loss.png, plots/accuracy.png and plots/confusion.png from the run's files.
 
     Example: inceptionlab plot runs/demo/digits/20261122-101500
     """
     from inceptionlab.checkpoint import RunDir
+
+    run = options.pick_run(run_dir, run)
+    if run is None:
+        raise UserError("give a run directory: inceptionlab plot RUN_DIR")
     from inceptionlab.plots import plot_run
 
     for path in plot_run(RunDir.open(run).path):

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from inceptionlab.cli import options
 from inceptionlab.errors import UserError
 
 
@@ -16,13 +17,13 @@ def predict(
     inputs: List[Path] = typer.Argument(None, help="Image files and/or folders of images."),
     text: List[str] = typer.Option([], "--text", help="A text to classify with a text run (repeatable)."),
     text_file: List[Path] = typer.Option([], "--text-file", help="A file of texts, one per line (repeatable)."),
-    model: str = typer.Option("inception_v3", "--model", help="torchvision classification model name."),
-    weights: str = typer.Option("imagenet", "--weights", help="'imagenet' (torch hub cache) or a state_dict file."),
-    run: Optional[Path] = typer.Option(None, "--run", help="Predict with a trained run directory instead."),
+    run: Optional[Path] = options.run_option(),
+    model: Optional[str] = options.model_option("a pretrained torchvision model (default without --run: inception_v3)"),
+    weights: Optional[str] = options.weights_option(),
     topk: int = typer.Option(5, "--topk", min=1, help="How many classes to show per image."),
-    batch_size: int = typer.Option(16, "--batch-size", min=1),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
-    as_json: bool = typer.Option(False, "--json", help='One JSON object per input: {"file", "topk"} or {"file", "error"}.'),
+    batch_size: int = options.batch_size_option(16),
+    device: str = options.device_option(),
+    as_json: bool = options.json_option('one object per input, {"file", "topk"} or {"file", "error"}'),
 ) -> None:
     """Classify images; exits 1 if any input failed (the others are still classified).
 
@@ -36,14 +37,21 @@ def predict(
 
       inceptionlab predict --run runs/imdb/text_classifier/20261122-101500 --text "The movie was great!"
     """
-    from inceptionlab.infer.predict import Predictor, load_pretrained_model, load_run_model, resolve_device
+    from inceptionlab.infer.predict import Predictor
+    from inceptionlab.models.registry import load_pretrained_model, load_run_model
+    from inceptionlab.runtime import resolve_device
 
     if text or text_file:
         _predict_texts(run, text, text_file, device, as_json)
         return
     if not inputs:
         raise UserError("give image files or folders, or --text / --text-file with a text run")
-    net, spec = load_run_model(run) if run is not None else load_pretrained_model(model, weights)
+    if run is not None and model is not None:
+        raise UserError("give --run RUN_DIR or --model NAME, not both")
+    if run is not None:
+        net, spec = load_run_model(run, Path(weights) if weights else None)
+    else:
+        net, spec = load_pretrained_model(model or "inception_v3", weights or "imagenet")
     predictor = Predictor(net, spec, resolve_device(device))
     failures = 0
     for result in predictor.predict_files(inputs, topk=topk, batch_size=batch_size):
@@ -56,7 +64,7 @@ def predict(
 
 
 def _predict_texts(run: Optional[Path], texts: List[str], files: List[Path], device: str, as_json: bool) -> None:
-    from inceptionlab.infer.predict import resolve_device
+    from inceptionlab.runtime import resolve_device
     from inceptionlab.infer.text import TextPredictor, read_text_inputs
 
     if run is None:

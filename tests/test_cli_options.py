@@ -1,0 +1,72 @@
+"""The CLI's shared options: one definition per option, the run directory given the same way everywhere,
+and bench's recorded command line reruns the row exactly."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import typer
+
+from inceptionlab.cli import app, options
+from inceptionlab.errors import UserError
+from inceptionlab.runtime import DEVICE_HELP
+
+RUN_COMMANDS = ("evaluate", "export", "bench", "plot", "predict")
+
+
+def _command(name: str):
+    return typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+
+
+def _option(command, flag: str):
+    return next((p for p in command.params if p.param_type_name == "option" and flag in p.opts), None)
+
+
+def test_device_help_matches_the_resolver():
+    assert options.DEVICE_HELP == DEVICE_HELP
+
+
+@pytest.mark.parametrize("name", RUN_COMMANDS)
+def test_every_run_command_takes_run_model_weights_device_the_same_way(name):
+    command = _command(name)
+    run = _option(command, "--run")
+    assert run is not None and run.default is None and "run directory" in run.help
+    for flag in ("--model", "--weights"):
+        if name == "plot":
+            continue
+        option = _option(command, flag)
+        assert option is not None and option.default is None, f"{name} {flag}"
+    weights = [_option(_command(n), "--weights").help for n in RUN_COMMANDS if n != "plot"]
+    assert len(set(weights)) == 1  # one help text for one option
+    devices = [_option(_command(n), "--device") for n in ("evaluate", "bench", "predict")]
+    assert {(d.default, d.help) for d in devices} == {("auto", f"Where to run: {DEVICE_HELP}.")}
+
+
+def test_run_positional_and_option_are_the_same_thing(tmp_path):
+    assert options.pick_run(tmp_path, None) == tmp_path
+    assert options.pick_run(None, tmp_path) == tmp_path
+    assert options.pick_run(tmp_path, tmp_path) == tmp_path
+    with pytest.raises(UserError, match="two run directories"):
+        options.pick_run(tmp_path / "a", tmp_path / "b")
+    with pytest.raises(UserError, match="one of them"):
+        options.pick_source(None, None)
+    with pytest.raises(UserError, match="one of them"):
+        options.pick_source(tmp_path, "inception_v3")
+
+
+def test_bench_command_line_reruns_with_every_option(tmp_path):
+    bench = _command("bench")
+    given = [str(tmp_path), "--backend", "eager,onnxruntime", "--precision", "fp32,int8", "--batch", "1,8",
+             "--calib-images", str(tmp_path / "calib"), "--holdout", "50", "--min-agreement", "0.98", "--tune",
+             "--no-plot", "--json"]
+    ctx = bench.make_context("inceptionlab bench", list(given))
+    recorded = options.canonical_command(ctx, skip=("as_json", "plot", "list_runtimes"))
+    assert recorded.startswith(f"inceptionlab bench {tmp_path} --backend eager,onnxruntime --precision fp32,int8")
+    again = bench.make_context("inceptionlab bench", shlex.split(recorded)[2:])
+    skipped = {"as_json", "plot", "list_runtimes"}
+    assert {k: v for k, v in again.params.items() if k not in skipped} == \
+           {k: v for k, v in ctx.params.items() if k not in skipped}
+    for flag in ("--calib-images", "--holdout", "--min-agreement", "--calibration", "--iters", "--warmup",
+                 "--device", "--provider", "--layout", "--out", "--tune"):
+        assert f" {flag}" in recorded, flag
