@@ -22,11 +22,14 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from inceptionlab.setup_plan import TorchInfo, base_interpreter, probe_torch, rocm_version, suggest_fix
+
+if TYPE_CHECKING:
+    from inceptionlab.doctor_train import TrainCheckSettings
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -585,9 +588,13 @@ def ruled_out_causes(build: BuildInfo, probes: SystemProbes) -> list[str]:
 
 
 def run_doctor(
-    expect_gpu: bool = False, probes: SystemProbes | None = None, build: BuildInfo | None = None
+    expect_gpu: bool = False,
+    probes: SystemProbes | None = None,
+    build: BuildInfo | None = None,
+    train: TrainCheckSettings | None = None,
 ) -> DoctorReport:
-    """Run every check; `probes` and `build` are injectable for tests."""
+    """Run every check, and with `train` settings also train a small CNN on every device;
+    `probes` and `build` are injectable for tests."""
     probes = probes or SystemProbes()
     build = build or BuildInfo.from_torch()
     tv_check, tv_version = torchvision_check(torch.__version__)
@@ -607,6 +614,10 @@ def run_doctor(
         entry, gpu_checks = _gpu_device(index, build, case, cpu_reference)
         devices.append(entry)
         checks += gpu_checks
+    if train is not None:
+        from inceptionlab.doctor_train import train_checks  # only when asked: it loads scikit-learn's digits
+
+        checks += train_checks(devices, train)
 
     return DoctorReport(
         python=platform.python_version(),
