@@ -103,3 +103,19 @@ def inception_hub(tmp_path_factory):
     torch.save(model.state_dict(), target)
     yield {"dir": hub, "state": model.state_dict()}
     torch.hub.set_dir(previous)
+
+
+@pytest.fixture
+def one_cpu_thread():
+    """Run the test's torch work on one CPU thread, then restore the thread count.
+
+    On the shared 2-core test machine two OpenMP threads spin-wait on each other under load:
+    measured at load 13, a digits CNN step took 0.5 s on 2 threads and 0.04 s on 1, and a 2-step
+    Inception v3 fit at 299 px took 90 s against 28 s.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

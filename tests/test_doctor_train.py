@@ -20,17 +20,7 @@ def digits():
     return load_digits_tensors()
 
 
-@pytest.fixture
-def one_thread():
-    # On the shared 2-core test machine two OpenMP threads spin-wait on each other under load:
-    # measured 0.5 s per step at load 13 against 0.04 s with one thread. Correctness is the point here.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_cpu_training_loss_falls_and_beats_chance(digits, one_thread):
+def test_cpu_training_loss_falls_and_beats_chance(digits, one_cpu_thread):
     state = torch.get_rng_state()
 
     result = train_on_device("cpu", digits, FAST)
@@ -50,7 +40,7 @@ def test_digits_split_is_the_demo_split_and_disjoint(digits):
     assert set(digits.val_y.tolist()) == set(range(10))
 
 
-def test_training_that_does_not_learn_fails(digits, one_thread):
+def test_training_that_does_not_learn_fails(digits, one_cpu_thread):
     result = train_on_device("cpu", digits, TrainCheckSettings(seconds=0.0, lr=1e-9))
 
     assert not result.ok
@@ -58,14 +48,14 @@ def test_training_that_does_not_learn_fails(digits, one_thread):
     assert "held-out top-1 is under 0.8" in result.detail
 
 
-def test_non_finite_loss_fails(digits, one_thread):
+def test_non_finite_loss_fails(digits, one_cpu_thread):
     result = train_on_device("cpu", digits, TrainCheckSettings(seconds=0.0, lr=float("inf")))
 
     assert not result.ok
     assert "the loss is not finite" in result.detail
 
 
-def test_time_budget_trains_past_the_minimum_steps(digits, one_thread):
+def test_time_budget_trains_past_the_minimum_steps(digits, one_cpu_thread):
     result = train_on_device("cpu", digits, TrainCheckSettings(seconds=0.3, max_steps=200))
 
     assert FAST.min_steps <= result.steps <= 200
@@ -96,7 +86,7 @@ def test_missing_scikit_learn_names_the_extra(monkeypatch):
     assert "inceptionlab[demo]" in checks[0].detail
 
 
-def test_cli_train_check_is_in_the_json(cli, one_thread):
+def test_cli_train_check_is_in_the_json(cli, one_cpu_thread):
     result = cli("doctor", "--train-check", "--train-seconds", "0", "--json")
 
     data = json.loads(result.out)
