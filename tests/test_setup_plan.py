@@ -80,7 +80,9 @@ def test_system_rocm_torch_is_reused_and_never_reinstalled():
 
 def test_rocm_build_is_reused_even_when_no_gpu_is_visible_at_setup_time():
     # e.g. a `docker build` step: the package index's wheel would be a CUDA build, worse on AMD.
-    plan = make_plan(OPTS, system=TorchInfo("2.7.1+rocm6.4", hip="6.4", gpu_count=0, torchvision="0.22.1"), existing=None)
+    no_gpu_yet = TorchInfo("2.7.1+rocm6.4", hip="6.4", gpu_count=0, torchvision="0.22.1")
+
+    plan = make_plan(OPTS, system=no_gpu_yet, existing=None)
 
     assert plan.mode == "system"
 
@@ -111,7 +113,8 @@ def test_from_system_0_ignores_a_rocm_torch():
 
 
 def test_wheel_index_installs_the_pins_from_it():
-    opts = SetupOptions(venv="v", python="/usr/bin/python3", torch_index=INDEX, pins=("torch==2.9.1", "torchvision==0.24.1"))
+    pins = ("torch==2.9.1", "torchvision==0.24.1")
+    opts = SetupOptions(venv="v", python="/usr/bin/python3", torch_index=INDEX, pins=pins)
 
     plan = make_plan(opts, system=ROCM_TORCH, existing=None)
 
