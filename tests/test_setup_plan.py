@@ -75,7 +75,7 @@ def test_system_rocm_torch_is_reused_and_never_reinstalled():
     assert "ROCm build, HIP 6.4.43482" in plan.reason
     # The last command fails the set-up if pip swapped the system torch for another one.
     check = commands(plan)[-1]
-    assert check[:2] == [".venv/bin/python", "-c"] and repr(ROCM_TORCH.version) in check[2]
+    assert check[:2] == [".venv/bin/python", "-c"] and f"\"{ROCM_TORCH.version}\"" in check[2]
 
 
 def test_rocm_build_is_reused_even_when_no_gpu_is_visible_at_setup_time():
@@ -313,3 +313,16 @@ def test_fix_for_a_cpu_wheel_on_an_nvidia_host_names_a_cuda_index():
 )
 def test_no_build_fix_when_the_build_is_not_the_problem(venv, system, amd, nvidia):
     assert suggest_fix(venv, system_torch=system, amd=amd, nvidia=nvidia, rocm="6.4") is None
+
+
+def test_the_closing_check_fails_when_the_venv_torch_is_not_the_system_one(tmp_path):
+    site = write_fake_torch(tmp_path, hip="6.4.43482", cuda=None, gpus=1)
+    fake_system = TorchInfo("2.7.1+fake", hip="6.4.43482", gpu_count=1, torchvision="0.22.1+fake")
+    check = make_plan(OPTS, system=fake_system, existing=None).commands[-1][2]
+
+    kept = subprocess.run([sys.executable, "-c", check], env={"PYTHONPATH": str(site)}, capture_output=True, text=True)
+    replaced = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)  # this venv's torch
+
+    assert kept.returncode == 0, kept.stderr
+    assert replaced.returncode == 1
+    assert f"pip replaced the system torch 2.7.1+fake by {torch.__version__}" in replaced.stderr

@@ -290,11 +290,11 @@ def make_plan(opts: SetupOptions, system: TorchInfo | None, existing: VenvState 
 
 
 def _same_torch_check(system: TorchInfo) -> str:
+    # Double quotes only, so the shell form that `make setup-plan` prints stays readable.
     return (
-        "import sys, torch; "
-        f"sys.exit(0 if torch.__version__ == {system.version!r} else "
-        f"'pip replaced the system torch {system.version} by ' + torch.__version__ + "
-        "': run `make clean setup TORCH_FROM_SYSTEM=0` or report the dependency that asked for it')"
+        f'import sys, torch; v = torch.__version__; sys.exit(0 if v == "{system.version}" else '
+        f'f"pip replaced the system torch {system.version} by {{v}}: run `make clean setup TORCH_FROM_SYSTEM=0` '
+        f'or report the dependency that asked for it")'
     )
 
 
