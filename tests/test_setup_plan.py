@@ -280,7 +280,7 @@ def test_fix_for_a_venv_that_hides_the_system_rocm_torch():
     fix = suggest_fix(VENV_CPU, system_torch=ROCM_TORCH, amd=True, nvidia=False, rocm="6.4")
 
     assert fix.startswith("`make clean setup TORCH_FROM_SYSTEM=1`")
-    assert "HIP 6.4.43482" in fix
+    assert "HIP 6.4.43482" in fix and "hidden by this venv's own torch 2.14.1+cpu (CPU-only build)" in fix
 
 
 def test_fix_for_a_non_rocm_wheel_on_an_amd_host_names_the_rocm_index():

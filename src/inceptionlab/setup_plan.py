@@ -40,6 +40,7 @@ PROBE_TIMEOUT_S = 120
 ROCM_VERSION_FILE = "/opt/rocm/.info/version"
 # The CUDA build the default torch 2.14.1 pins resolve to on Linux x86_64 (2.14.1+cu130).
 DEFAULT_CUDA_WHEEL = "cu130"
+BUILD_LABELS = {"rocm": "ROCm build", "cuda": "CUDA build", "cpu": "CPU-only build"}
 INDEX_HINT = "PyTorch's wheel index; pytorch.org/get-started/locally prints the full URL"
 
 PROBE_SCRIPT = """
@@ -90,7 +91,7 @@ class TorchInfo:
         return "cuda" if self.cuda else "cpu"
 
     def describe(self) -> str:
-        build = {"rocm": f"ROCm build, HIP {self.hip}", "cuda": f"CUDA {self.cuda} build", "cpu": "CPU-only build"}
+        build = {"rocm": f"ROCm build, HIP {self.hip}", "cuda": f"CUDA {self.cuda} build", "cpu": BUILD_LABELS["cpu"]}
         seen = f"{self.gpu_count} GPU(s) visible" if self.gpu_count else "no GPU visible"
         return f"torch {self.version} ({build[self.kind]}, {seen})"
 
@@ -321,7 +322,7 @@ def suggest_fix(
     ):
         return (
             f"`make clean setup TORCH_FROM_SYSTEM=1`: the system Python's {system_torch.describe()} "
-            f"is a GPU build, this venv's torch {venv_torch.version} is not it"
+            f"is hidden by this venv's own torch {venv_torch.version} ({BUILD_LABELS[venv_torch.kind]})"
         )
     if wanted == "rocm" and venv_torch.kind != "rocm":
         wheel = f"rocm{rocm}" if rocm else "rocmX.Y"
