@@ -163,12 +163,14 @@ def test_execute_stops_at_the_first_failing_command(capsys):
 # --------------------------------------------------------------------------- probing interpreters
 
 
-def write_fake_torch(root: Path, hip: str | None, cuda: str | None, gpus: int, torchvision: bool = True) -> Path:
+def write_fake_torch(
+    root: Path, hip: str | None, cuda: str | None, gpus: int, torchvision: bool = True, version: str = "2.7.1+fake"
+) -> Path:
     """A `torch` (and `torchvision`) package that only answers the probe's questions."""
     package = root / "torch"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(
-        "__version__ = '2.7.1+fake'\n"
+        f"__version__ = {version!r}\n"
         f"class version:\n    hip = {hip!r}\n    cuda = {cuda!r}\n"
         f"class cuda:\n    is_available = staticmethod(lambda: {gpus > 0})\n"
         f"    device_count = staticmethod(lambda: {gpus})\n"
@@ -316,13 +318,17 @@ def test_no_build_fix_when_the_build_is_not_the_problem(venv, system, amd, nvidi
 
 
 def test_the_closing_check_fails_when_the_venv_torch_is_not_the_system_one(tmp_path):
-    site = write_fake_torch(tmp_path, hip="6.4.43482", cuda=None, gpus=1)
+    system_site = write_fake_torch(tmp_path / "system", hip="6.4.43482", cuda=None, gpus=1)
+    pip_site = write_fake_torch(tmp_path / "pip", hip=None, cuda="13.0", gpus=0, version="2.14.1+cu130")
     fake_system = TorchInfo("2.7.1+fake", hip="6.4.43482", gpu_count=1, torchvision="0.22.1+fake")
     check = make_plan(OPTS, system=fake_system, existing=None).commands[-1][2]
 
-    kept = subprocess.run([sys.executable, "-c", check], env={"PYTHONPATH": str(site)}, capture_output=True, text=True)
-    replaced = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)  # this venv's torch
+    def run_check(site):
+        env = {"PYTHONPATH": str(site)}
+        return subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True)
+
+    kept, replaced = run_check(system_site), run_check(pip_site)
 
     assert kept.returncode == 0, kept.stderr
     assert replaced.returncode == 1
-    assert f"pip replaced the system torch 2.7.1+fake by {torch.__version__}" in replaced.stderr
+    assert "pip replaced the system torch 2.7.1+fake by 2.14.1+cu130" in replaced.stderr
