@@ -18,7 +18,7 @@ SETUP_PLAN = $(PYTHON) src/inceptionlab/setup_plan.py --venv $(VENV) --pins '$(T
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml src/inceptionlab/setup_plan.py
+$(VENV)/.installed: pyproject.toml
 	$(SETUP_PLAN) --run
 	touch $@
 
