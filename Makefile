@@ -2,19 +2,28 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# The PyPI builds named in DEVELOPERS.md: they run on CPU, CUDA picks them up when present.
-TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# Where torch comes from (src/inceptionlab/setup_plan.py decides; `make setup-plan` shows it):
+# - a GPU build that $(PYTHON) already has (AMD's ROCm or NVIDIA's PyTorch container) is reused:
+#   the venv sees the system's site-packages and torch/torchvision are not reinstalled;
+# - TORCH_INDEX=URL installs TORCH_PINS from that wheel index (PyTorch's ROCm or CUDA builds);
+# - otherwise TORCH_PINS from the package index: they run on CPU, CUDA picks them up when present.
+# TORCH_FROM_SYSTEM=1 reuses the system torch even when it sees no GPU, =0 never does.
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+TORCH_INDEX ?=
+TORCH_FROM_SYSTEM ?= auto
+SETUP_PLAN = $(PYTHON) src/inceptionlab/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
+	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --extras test,demo
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup setup-plan demo test bench lint clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_PINS)
-	$(PY) -m pip install -q -e '.[test,demo]' $(TORCH_PINS)
+	$(SETUP_PLAN) --run
 	touch $@
+
+setup-plan:
+	$(SETUP_PLAN)
 
 demo: setup
 	$(VENV)/bin/inceptionlab demo

@@ -20,6 +20,7 @@ from inceptionlab.doctor import (
     run_doctor,
     torchvision_check,
 )
+from inceptionlab.setup_plan import TorchInfo
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts behaviour when torch sees no GPU")
 # With /dev/kfd, nvidia-smi etc. present but no GPU visible, failing is the right answer.
@@ -36,6 +37,8 @@ def fake_probes(
     accessible: bool = True,
     groups: frozenset[str] = frozenset({"users"}),
     env: dict[str, str] | None = None,
+    system_torch: TorchInfo | None = None,
+    rocm: str | None = None,
 ) -> SystemProbes:
     """A host with exactly these device files, tools and groups, on which torch sees no GPU."""
     present = set(files) | set(render_nodes)
@@ -48,6 +51,8 @@ def fake_probes(
         env=env or {},
         gpu_count=lambda: 0,
         gpu_init_error=lambda: None,
+        system_torch=lambda: system_torch,
+        rocm_version=lambda: rocm,
     )
 
 
@@ -190,6 +195,39 @@ def test_cuda_wheel_on_amd_host_is_called_a_mismatch():
     gpu = check(run_doctor(probes=fake_probes(files=("/dev/kfd",)), build=CUDA_BUILD), "gpu")
 
     assert "install the ROCm build" in gpu.detail
+
+
+def test_cpu_venv_hiding_the_system_rocm_torch_names_the_make_fix():
+    # AMD's ROCm container: the system Python has a ROCm torch, the venv installed a CPU-only one.
+    system = TorchInfo("2.7.1+rocm6.4.1", hip="6.4.43482", gpu_count=1, torchvision="0.22.1")
+    probes = fake_probes(files=("/dev/kfd",), tools=("rocminfo",), system_torch=system, rocm="6.4")
+
+    report = run_doctor(probes=probes, build=CPU_BUILD)
+
+    gpu = check(report, "gpu")
+    assert gpu.status == "fail"
+    assert gpu.detail.splitlines()[1].startswith("fix: `make clean setup TORCH_FROM_SYSTEM=1`")
+    assert report.to_dict()["fix"].startswith("`make clean setup TORCH_FROM_SYSTEM=1`")
+
+
+def test_cpu_wheel_on_amd_host_names_the_rocm_wheel_index():
+    probes = fake_probes(files=("/dev/kfd",), rocm="6.4")
+
+    report = run_doctor(probes=probes, build=CPU_BUILD)
+
+    assert "fix: `make clean setup TORCH_INDEX=.../whl/rocm6.4`" in check(report, "gpu").detail
+    assert "TORCH_INDEX=.../whl/rocm6.4" in report.fix
+
+
+def test_right_build_gets_no_set_up_fix():
+    system = TorchInfo("2.7.1+rocm6.4.1", hip="6.4.43482", gpu_count=0, torchvision="0.22.1")
+    probes = fake_probes(files=("/dev/kfd",), accessible=False, system_torch=system, rocm="6.4")
+
+    report = run_doctor(probes=probes, build=ROCM_BUILD)
+
+    assert report.fix is None and report.to_dict()["fix"] is None
+    assert "fix:" not in check(report, "gpu").detail
+    assert "usermod" in check(report, "gpu").detail  # the real cause is still named
 
 
 def test_no_evidence_and_not_expected_is_ok():

@@ -16,16 +16,21 @@ import importlib
 import os
 import platform
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from inceptionlab.runtime import cpu_capability, cpu_model_name
+from inceptionlab.setup_plan import TorchInfo, base_interpreter, probe_torch, rocm_version, suggest_fix
+
+if TYPE_CHECKING:
+    from inceptionlab.doctor_train import TrainCheckSettings
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -116,6 +121,14 @@ def _torch_gpu_init_error() -> str | None:
     return None
 
 
+def _system_torch() -> TorchInfo | None:
+    """The torch of the interpreter this venv was made from (a subprocess: importing it takes seconds);
+    None outside a venv, where the system torch is the one running."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    return probe_torch(base_interpreter())
+
+
 @dataclass(frozen=True)
 class SystemProbes:
     """Everything the doctor learns from the host, replaceable in tests."""
@@ -128,6 +141,8 @@ class SystemProbes:
     env: Mapping[str, str] = field(default_factory=lambda: os.environ)
     gpu_count: Callable[[], int] = _torch_gpu_count
     gpu_init_error: Callable[[], str | None] = _torch_gpu_init_error
+    system_torch: Callable[[], TorchInfo | None] = _system_torch
+    rocm_version: Callable[[], str | None] = rocm_version
 
 
 @dataclass
@@ -138,6 +153,7 @@ class DoctorReport:
     build: BuildInfo
     devices: list[dict[str, Any]]
     checks: list[Check]
+    fix: str | None = None  # the set-up command that gives torch the machine's GPU, when the build is the problem
 
     @property
     def ok(self) -> bool:
@@ -155,6 +171,7 @@ class DoctorReport:
             "build": self.build.to_dict(),
             "devices": self.devices,
             "checks": [asdict(c) for c in self.checks],
+            "fix": self.fix,
         }
 
 
@@ -502,7 +519,19 @@ def _permission_causes(probes: SystemProbes) -> list[str]:
     ]
 
 
-def gpu_visibility_check(expect_gpu: bool, gpu_count: int, build: BuildInfo, probes: SystemProbes) -> Check:
+def setup_fix(build: BuildInfo, probes: SystemProbes) -> str | None:
+    """`make clean setup TORCH_FROM_SYSTEM=1` / `TORCH_INDEX=...` when this torch build cannot use the
+    host's GPU; None when the build is right or there is no GPU hardware to use."""
+    amd, nvidia = _amd_evidence(probes), _nvidia_evidence(probes)
+    if not (amd or nvidia):
+        return None  # checked first: probing the system torch costs a 2-10 s import
+    this_torch = TorchInfo(torch.__version__, hip=build.hip, cuda=build.cuda)
+    return suggest_fix(this_torch, probes.system_torch(), amd=amd, nvidia=nvidia, rocm=probes.rocm_version())
+
+
+def gpu_visibility_check(
+    expect_gpu: bool, gpu_count: int, build: BuildInfo, probes: SystemProbes, fix: str | None = None
+) -> Check:
     evidence = gpu_evidence(probes)
     if gpu_count:
         return Check("gpu", "ok", f"{gpu_count} visible to torch")
@@ -512,6 +541,8 @@ def gpu_visibility_check(expect_gpu: bool, gpu_count: int, build: BuildInfo, pro
     why = ["--expect-gpu was given"] if expect_gpu else []
     why += evidence
     lines = [f"GPU expected ({'; '.join(why)}) but torch sees none"]
+    if fix:
+        lines.append(f"fix: {fix}")
     torch_says = probes.gpu_init_error() if build.kind != "cpu" else None
     if torch_says:
         lines.append(f"torch says: {torch_says}")
@@ -539,9 +570,13 @@ def ruled_out_causes(build: BuildInfo, probes: SystemProbes) -> list[str]:
 
 
 def run_doctor(
-    expect_gpu: bool = False, probes: SystemProbes | None = None, build: BuildInfo | None = None
+    expect_gpu: bool = False,
+    probes: SystemProbes | None = None,
+    build: BuildInfo | None = None,
+    train: TrainCheckSettings | None = None,
 ) -> DoctorReport:
-    """Run every check; `probes` and `build` are injectable for tests."""
+    """Run every check, and with `train` settings also train a small CNN on every device;
+    `probes` and `build` are injectable for tests."""
     probes = probes or SystemProbes()
     build = build or BuildInfo.from_torch()
     tv_check, tv_version = torchvision_check(torch.__version__)
@@ -553,12 +588,18 @@ def run_doctor(
     checks.append(tools_check(probes))
 
     gpu_count = probes.gpu_count()
-    checks.append(gpu_visibility_check(expect_gpu, gpu_count, build, probes))
+    gpu_missing = not gpu_count and (expect_gpu or bool(gpu_evidence(probes)))
+    fix = setup_fix(build, probes) if gpu_missing else None
+    checks.append(gpu_visibility_check(expect_gpu, gpu_count, build, probes, fix))
     devices = [cpu_entry]
     for index in range(gpu_count):
         entry, gpu_checks = _gpu_device(index, build, case, cpu_reference)
         devices.append(entry)
         checks += gpu_checks
+    if train is not None:
+        from inceptionlab.doctor_train import train_checks  # only when asked: it loads scikit-learn's digits
+
+        checks += [Check(name, status, detail) for name, status, detail in train_checks(devices, train)]
 
     return DoctorReport(
         python=platform.python_version(),
@@ -567,6 +608,7 @@ def run_doctor(
         build=build,
         devices=devices,
         checks=checks,
+        fix=fix,
     )
 
 
