@@ -78,7 +78,7 @@ def test_missing_scikit_learn_names_the_extra(monkeypatch):
     def no_sklearn():
         raise UserError("the demo dataset needs scikit-learn: pip install 'inceptionlab[demo]'")
 
-    monkeypatch.setattr("inceptionlab.data.digits._load_digits", no_sklearn)
+    monkeypatch.setattr("inceptionlab.doctor_train.load_digits_arrays", no_sklearn)
 
     checks = doctor_train.train_checks([{"type": "cpu", "device": "cpu"}], FAST)
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from inceptionlab.data.digits import load_digits_arrays, split_indices
 from inceptionlab.errors import UserError
 
 CHANCE = 0.1  # 10 digit classes
@@ -78,10 +79,8 @@ class TrainCheckResult:
 
 def load_digits_tensors() -> DigitsTensors:
     """The demo's stratified split of the digits: train (70%) to train, val + test (30%) held out."""
-    from inceptionlab.data.digits import _load_digits, _split_indices
-
-    images, targets = _load_digits()
-    splits = _split_indices(targets)
+    images, targets = load_digits_arrays()
+    splits = split_indices(targets)
     held_out = splits["val"] + splits["test"]
     x = torch.from_numpy(images).float().div_(127.5).sub_(1.0).unsqueeze(1)
     y = torch.from_numpy(targets.astype(np.int64))

@@ -21,7 +21,7 @@ _FRACTIONS = (0.7, 0.2, 0.1)
 _SEED = 0
 
 
-def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     try:
         from sklearn.datasets import load_digits
     except ImportError:
@@ -32,7 +32,7 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     return images, digits.target
 
 
-def _split_indices(targets: np.ndarray) -> dict[str, list[int]]:
+def split_indices(targets: np.ndarray) -> dict[str, list[int]]:
     """A stratified split: each digit keeps the same proportions in every split."""
     rng = np.random.default_rng(_SEED)
     out: dict[str, list[int]] = {s: [] for s in SPLITS}
@@ -61,11 +61,11 @@ def ensure_digits_imagefolder(root: Path) -> Path:
         return root
     if root.exists() and any(root.iterdir()):
         raise UserError(f"{root}: exists but is not a digits ImageFolder; choose an empty or new folder")
-    images, targets = _load_digits()
+    images, targets = load_digits_arrays()
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".digits-", dir=root.parent))
     try:
-        for split, indices in _split_indices(targets).items():
+        for split, indices in split_indices(targets).items():
             _write_split(tmp / split, images, targets, indices)
         if root.exists():
             root.rmdir()  # empty (checked above)
