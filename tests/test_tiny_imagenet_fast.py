@@ -10,7 +10,7 @@ import torch
 
 from inceptionlab.config import load_recipe, recipe_to_dict
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
-from inceptionlab.engine.trainer import fit
+from inceptionlab.engine.fit import fit
 
 FAST_RECIPE = "inception_v3/tiny_imagenet_fast"
 # Every key whose value differs from the guide's recipe; each has a comment with its reason in the
