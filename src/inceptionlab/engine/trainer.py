@@ -101,12 +101,12 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def environment(device: torch.device, dist: DistInfo) -> dict[str, Any]:
-    import torchvision
+    from importlib.metadata import version
 
     env = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": version("torchvision"),  # not imported: it costs ~1.3 s of start-up (models/registry.py)
         "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
         "device": str(device),
