@@ -246,6 +246,42 @@ def test_reads_python2_pickles_like_the_original(cifar_root, kaggle_images):
     assert np.array_equal(test.inputs.numpy(), images[:3]) and test.targets.tolist() == labels[:3]
 
 
+def test_reads_a_python3_protocol_2_batch(cifar_root, kaggle_images):
+    images, labels = kaggle_images
+    content = {b"batch_label": b"testing batch 1 of 1", b"labels": labels[:4],
+               b"data": images[:4].reshape(4, -1), b"filenames": [b"a.png", b"b.png", b"c.png", b"d.png"]}
+    payload = pickle.dumps(content, protocol=2)
+    assert b"c_codecs\nencode\n" in payload  # what made such batches unreadable before
+    (cifar_root / "cifar-10-batches-py" / "test_batch").write_bytes(payload)
+    test = load_cifar10(cifar_root, "test")
+    assert np.array_equal(test.inputs.numpy(), images[:4]) and test.targets.tolist() == labels[:4]
+
+
+class EncodesWith:
+    """Pickles as `_codecs.encode(text, codec)`, as protocol 2 does for bytes, with any codec."""
+
+    def __init__(self, text: str, codec: str):
+        self.text, self.codec = text, codec
+
+    def __reduce__(self):
+        import _codecs
+
+        return _codecs.encode, (self.text, self.codec)
+
+
+@pytest.mark.parametrize("payload,asked", [
+    (EncodesWith("x", "rot13"), r"_codecs\.encode with str and codec 'rot13'"),
+    (EncodesWith("x", "zlib_codec"), r"_codecs\.encode with str and codec 'zlib_codec'"),
+    (__import__("codecs").decode, r"_codecs\.decode"),
+    (getattr, r"__builtin__\.getattr"),  # protocol 2 writes Python 2's module name
+])
+def test_other_globals_and_codecs_are_still_refused(cifar_root, payload, asked):
+    (cifar_root / "cifar-10-batches-py" / "test_batch").write_bytes(
+        pickle.dumps({b"data": payload, b"labels": []}, protocol=2))
+    with pytest.raises(UserError, match=r"refusing to load .*test_batch: it asks for " + asked):
+        load_cifar10(cifar_root, "test")
+
+
 def test_missing_batch_is_named(cifar_root):
     (cifar_root / "cifar-10-batches-py" / "data_batch_3").unlink()
     with pytest.raises(UserError, match=r"data_batch_3 not found; pass --data DIR"):

@@ -164,3 +164,37 @@ def test_evaluate_text_run_on_its_test_split(imdb_run, cli):
     report = json.loads(result.out)
     assert set(report["per_class"]) == {"neg", "pos"} and "top5" not in report
     assert report["top1"] == pytest.approx(imdb_run.summary["test"]["top1"])  # same model, same vocabulary
+
+
+@pytest.mark.parametrize("split", ["val", "test", "train"])
+def test_evaluate_reads_only_the_split_it_scores(imdb_run, split, monkeypatch):
+    """Same metrics as building the whole split pair (old path), from fewer reviews read."""
+    from pathlib import Path
+
+    from inceptionlab.data import imdb, readers
+    from inceptionlab.infer.evaluate import evaluate_run, run_evaluation
+    from inceptionlab.infer.predict import load_run_model
+
+    reads = []
+    real_decode = imdb.decode
+    monkeypatch.setattr(imdb, "decode", lambda data: reads.append(1) or real_decode(data))
+    one = evaluate_run(imdb_run.run_dir, None, split, device=torch.device("cpu"), batch_size=64, num_workers=0)
+    one_split_reads = len(reads)
+
+    reads.clear()
+    model, spec = load_run_model(imdb_run.run_dir)
+    recipe = load_recipe(Path(imdb_run.run_dir) / "recipe.resolved.yaml",
+                         [f"data.text.tokenizer={Path(imdb_run.run_dir) / spec.tokenizer}"])
+    pair = readers.read_imdb(recipe.data)
+    whole = run_evaluation(model, spec, {"train": pair.train, "val": pair.val, "test": pair.test}[split],
+                           device=torch.device("cpu"), batch_size=64, num_workers=0)
+
+    root = shared_data("imdb") / "aclImdb_subset" / "aclImdb"
+    on_disk = {s: sum(1 for _ in (root / s).glob("*/*.txt")) for s in ("train", "test")}
+    assert len(reads) == on_disk["train"] + on_disk["test"]  # the pair reads both folders
+    assert one_split_reads == on_disk["test" if split == "test" else "train"]
+    assert one.result["samples"] == whole["samples"] == len({"train": pair.train, "val": pair.val,
+                                                             "test": pair.test}[split])
+    assert one.result["loss"] == pytest.approx(whole["loss"], rel=1e-6)
+    assert one.result["top1"] == whole["top1"]
+    assert torch.equal(one.result["confusion"], whole["confusion"])

@@ -35,5 +35,7 @@ def test_absent_class_has_no_accuracy_and_bad_labels_are_refused():
     meter.update(torch.tensor([[2.0, 0, 0], [0, 2.0, 0]]), torch.tensor([0, 0]), torch.tensor(0.5))
     result = meter.compute()
     assert result["per_class"] == [0.5, None, None] and result["top5"] == 1.0  # top-3 of 3 classes
-    with pytest.raises(ValueError, match="target labels"):
-        meter.update(torch.zeros(1, 3), torch.tensor([3]), torch.tensor(0.0))
+    # Labels are checked on the device (no per-batch host sync) and refused when the totals are read.
+    meter.update(torch.zeros(2, 3), torch.tensor([3, -1]), torch.tensor(0.0))
+    with pytest.raises(ValueError, match="2 target labels are outside"):
+        meter.compute()

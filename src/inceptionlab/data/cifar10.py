@@ -55,9 +55,20 @@ def _numpy_reconstruct():
     return _reconstruct
 
 
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """`_codecs.encode` as pickle protocol 2 calls it: Python 3 writes each bytes value as
+    `_codecs.encode(<the bytes as latin-1 text>, "latin1")`, which rebuilds the same bytes (PyTorch's
+    weights_only unpickler allows it for the same reason). Any other codec or argument is refused."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise ForbiddenGlobal("_codecs", f"encode with {type(text).__name__} and codec {encoding!r}")
+    return text.encode("latin1")
+
+
 # Everything a pickled numpy array needs, and nothing else. The original batches were written by
-# Python 2 with numpy 1.x (`numpy.core`); files re-pickled with numpy 2 name `numpy._core`.
+# Python 2 with numpy 1.x (`numpy.core`); files re-pickled with numpy 2 name `numpy._core`; Python 3
+# with protocol 2 writes bytes through `_codecs.encode`.
 _ALLOWED_GLOBALS = {
+    ("_codecs", "encode"): _latin1_bytes,
     ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
     ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
     ("numpy", "ndarray"): np.ndarray,
@@ -298,8 +309,8 @@ def move_into_place(source: Path, dest: Path) -> None:
 def dump_pickle_atomically(path: Path, content: dict) -> Path:
     """Pickle to a temporary sibling, then rename: `path` never holds a partial file.
 
-    Protocol 4: protocol 2 would pickle bytes through `_codecs.encode` and protocol 5 arrays
-    through `numpy._core.numeric._frombuffer`, both of which `RestrictedUnpickler` refuses.
+    Protocol 4: protocol 5 would pickle arrays through `numpy._core.numeric._frombuffer`, which
+    `RestrictedUnpickler` refuses (protocol 2, through `_codecs.encode`, reads back but is larger).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,10 @@ def read_splits(cfg: DataConfig) -> SplitPair:
 
 def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -> Any:
     """One split for evaluation: default the validation split; `test` for a dataset's test split."""
+    if cfg.reader in ONE_SPLIT_READERS:
+        dataset = ONE_SPLIT_READERS[cfg.reader](cfg, split or "val")
+        if dataset is not None:
+            return dataset
     if cfg.reader in ARRAY_READERS:
         pair = ARRAY_READERS[cfg.reader](cfg)
         chosen = {"train": pair.train, "val": pair.val, "test": pair.test or pair.val}
@@ -172,6 +176,37 @@ def read_imdb(cfg: DataConfig) -> SplitPair:
                       f"{cfg.text.sequence_length} tokens per review")
     return pair
 
+
+def read_imdb_split(cfg: DataConfig, split: str) -> ArraySplit | None:
+    """One IMDB split, reading only the reviews it needs: test reads test/, train and val read train/.
+
+    Only with a saved vocabulary (`data.text.tokenizer`, set by `evaluate` from the run): without
+    one the vocabulary must be fitted on the training part first, so None sends the caller to
+    `read_imdb`. Val and train are carved from train/ exactly as `read_imdb` does (`_carve_validation`).
+    """
+    from inceptionlab.data.imdb import CLASS_NAMES, load_imdb
+    from inceptionlab.data.text import TextVectorizer
+
+    if not cfg.text.tokenizer:
+        return None
+    if split not in ("train", "val", "test"):
+        raise UserError(f"--split {split!r}: imdb has the splits train, val, test")
+    carved = split != "test" and bool(cfg.val_fraction)
+    texts, labels = load_imdb(_data_root(cfg), "train" if carved or split == "train" else "test")
+    targets = torch.tensor(labels, dtype=torch.long)
+    if carved:
+        raw = ArraySplit(torch.arange(len(targets)), targets, list(CLASS_NAMES))
+        train_idx, val_idx = _carve_validation(raw, cfg)
+        picked = val_idx if split == "val" else train_idx
+        texts, targets = [texts[i] for i in picked.inputs.tolist()], picked.targets
+    vectorizer = TextVectorizer.load(Path(cfg.text.tokenizer))
+    return ArraySplit(vectorizer.encode(texts), targets, list(CLASS_NAMES))
+
+
+# Readers that can build one split alone for `evaluate` (None: they need the whole pair this time).
+ONE_SPLIT_READERS: dict[str, Callable[[DataConfig, str], ArraySplit | None]] = {
+    "imdb": read_imdb_split,
+}
 
 ARRAY_READERS: dict[str, Callable[[DataConfig], SplitPair]] = {
     "cifar10": read_cifar10,

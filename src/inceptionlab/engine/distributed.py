@@ -48,7 +48,11 @@ def shutdown_distributed() -> None:
 
 
 def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
-    """True on every rank when `flag` is true on any: a stop request must stop all ranks together."""
+    """True on every rank when `flag` is true on any: a stop request must stop all ranks together.
+
+    An all-reduce and a host sync: `train_one_epoch` asks it at log intervals and at the epoch's end,
+    never per step, and every rank asks at the same steps (their shards have equal batch counts).
+    """
     if not info.enabled:
         return flag
     value = torch.tensor([1.0 if flag else 0.0], device=device)

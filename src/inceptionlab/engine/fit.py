@@ -27,7 +27,7 @@ EPOCH_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")
 
 
 class StopSignal:
-    """Set by Ctrl-C (or a test); the loop finishes its step, a checkpoint is saved, the run exits."""
+    """Set by Ctrl-C (or a test); the loop stops at its next log interval, a checkpoint is saved, the run exits."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -38,13 +38,13 @@ class StopSignal:
 
 @contextmanager
 def ctrl_c_requests_stop(stop: StopSignal, say: Callable[[str], None]) -> Iterator[None]:
-    """First Ctrl-C: stop cleanly after the current step. Second: abort at once."""
+    """First Ctrl-C: stop cleanly at the next log interval (`train.log_every`). Second: abort at once."""
 
     def handler(signum: int, frame: Any) -> None:
         if stop.requested:
             raise KeyboardInterrupt
         stop.request()
-        say("stopping after this step and saving a checkpoint (Ctrl-C again to abort)")
+        say("stopping at the next log interval and saving a checkpoint (Ctrl-C again to abort)")
 
     try:
         previous = signal.signal(signal.SIGINT, handler)

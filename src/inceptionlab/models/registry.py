@@ -52,6 +52,8 @@ def available_models() -> list[str]:
 
 
 def _check_known(name: str) -> None:
+    if name in _OWN_MODELS:  # decided without importing torchvision (~1.3 s, see _tv_models)
+        return
     if name not in available_models():
         raise UserError(
             f"unknown model {name!r}: use a torchvision classification model name "

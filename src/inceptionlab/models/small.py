@@ -34,17 +34,35 @@ def fashion_mlp(num_classes: int = 10, in_features: int = 28 * 28, hidden: int =
 
 
 class UniformMaskDropout(nn.Module):
-    """Dropout with the mask drawn as `rand >= p` instead of `bernoulli_`: the same distribution,
-    2x faster on the CPU (834 -> 423 us for the 32 x 250 x 16 IMDB activations, measured here)."""
+    """Dropout whose keep mask costs a quarter of the random draws of `nn.Dropout`'s.
+
+    Each element is kept when a uniform 15-bit integer is >= round(p * 2**15), and kept elements are
+    scaled by 1 / (1 - p) as in `nn.Dropout`. One 64-bit draw of the generator yields four such
+    integers, so the mask of the 32 x 250 x 16 IMDB activations takes 32,000 draws instead of
+    128,000: 130 us instead of 630 us of CPU time per step for the draws and the float mask (and
+    `bernoulli_`, nn.Dropout's, took 830 us), measured here with one thread. The keep rate is
+    1 - round(p * 2**15) / 2**15: 0.799988 for p = 0.2, within 1.5e-5 of 1 - p for any p.
+    """
+
+    FIELD_BITS = 15
 
     def __init__(self, p: float):
         super().__init__()
         self.p = p
 
+    def keep_mask(self, x: torch.Tensor) -> torch.Tensor:
+        """0 or 1 / (1 - p) per element of `x`, in x's dtype."""
+        count = x.numel()
+        draws = torch.empty((count + 3) // 4, dtype=torch.int64, device=x.device).random_()  # 63 random bits each
+        # Each int16 of a draw holds at least 15 random low bits (the top one holds bits 48..62).
+        fields = draws.view(torch.int16)[:count].view(x.shape) & (2**self.FIELD_BITS - 1)
+        threshold = round(self.p * 2**self.FIELD_BITS)
+        return (fields >= threshold).to(x.dtype).mul_(1.0 / (1.0 - self.p))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        return x * (torch.rand_like(x) >= self.p) * (1.0 / (1.0 - self.p))
+        return x * self.keep_mask(x)
 
 
 class TextClassifier(nn.Module):
