@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Sized
+from typing import Any, Iterator, Sized
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset
@@ -145,8 +145,21 @@ def make_loader(
     pin_memory: bool = False,
     device: torch.device | None = None,
     mode: str = "auto",
+    images: Any = None,
 ) -> SkipTrackingLoader | ResidentLoader:
-    """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise."""
+    """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise.
+
+    With `images` (a ResidentImageOptions), an image folder that fits in memory (or any, for
+    mode="resident") is decoded once and augmented on the device (data/image_loader.py).
+    """
+    if images is not None and mode != "workers":
+        from inceptionlab.data.image_loader import resident_image_loader  # imports this module: no cycle at load
+
+        resident = resident_image_loader(dataset, images, batch_size=batch_size, train=train, seed=seed, rank=rank,
+                                         world_size=world_size, device=device or torch.device("cpu"),
+                                         num_workers=num_workers, required=mode == "resident")
+        if resident is not None:
+            return resident  # type: ignore[return-value]
     sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
     if isinstance(dataset, ArraySplit):
         if mode in ("auto", "resident"):
