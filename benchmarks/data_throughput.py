@@ -19,6 +19,7 @@ Each row: `--warmup` batches (worker start-up), then `--batches` timed batches, 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -26,7 +27,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -48,7 +49,20 @@ def copy_dataset(source: Path, into: Path) -> Path:
     return target
 
 
-def timed(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], warmup: int, count: int, finish) -> dict[str, float]:
+def cpu_seconds() -> float:
+    """CPU time of this process plus its reaped children (DataLoader workers, once joined)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def timed(make_batches: Callable[[], Iterable], warmup: int, count: int, finish) -> dict[str, float]:
+    """img/s over `count` batches after `warmup`; CPU time per image over all of them, workers included.
+
+    On a shared machine wall-clock img/s depends on how many processes each pipeline runs (more
+    processes, larger share of the cores); CPU time per image does not.
+    """
+    batches = make_batches()  # listing files, loading the cache: set-up, not counted
+    cpu_start = cpu_seconds()
     iterator = iter(batches)
     start = time.perf_counter()
     for _ in range(warmup):
@@ -59,7 +73,12 @@ def timed(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], warmup: int, cou
     for _ in range(count):
         images += len(finish(next(iterator)[0]))
     seconds = time.perf_counter() - start
-    return {"images_per_s": images / seconds, "images": images, "seconds": seconds, "warmup_seconds": first}
+    del iterator, batches
+    gc.collect()  # shuts the worker processes down and reaps them, so their CPU time is counted
+    cpu = cpu_seconds() - cpu_start
+    total = images * (warmup + count) / count
+    return {"images_per_s": images / seconds, "images": images, "seconds": seconds, "warmup_seconds": first,
+            "cpu_ms_per_image": 1000 * cpu / total}
 
 
 def guide_batches(train_dir: Path, batch: int, workers: int) -> Iterable:
@@ -108,18 +127,20 @@ def main() -> None:
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = copy_dataset(args.data, Path(tmp))
-        rows["guide"] = timed(guide_batches(root / "train", args.batch, args.workers), args.warmup, args.batches,
-                              lambda x: delivered(x.to(device)))
-        rows["workers"] = timed(package_loader(root, "workers", args.batch, args.workers, device), args.warmup,
-                                args.batches, normalised_bf16)
+        rows["guide"] = timed(lambda: guide_batches(root / "train", args.batch, args.workers), args.warmup,
+                              args.batches, lambda x: delivered(x.to(device)))
+        rows["workers"] = timed(lambda: package_loader(root, "workers", args.batch, args.workers, device),
+                                args.warmup, args.batches, normalised_bf16)
         start = time.perf_counter()
-        resident = package_loader(root, "resident", args.batch, args.workers, device)
+        package_loader(root, "resident", args.batch, args.workers, device)  # builds the cache once
         cache_seconds = time.perf_counter() - start
-        rows["resident"] = timed(resident, args.warmup, args.batches, delivered)
+        rows["resident"] = timed(lambda: package_loader(root, "resident", args.batch, args.workers, device),
+                                 args.warmup, args.batches, delivered)
         rows["resident"]["cache_build_seconds"] = cache_seconds
     guide = rows["guide"]["images_per_s"]
     for row in rows.values():
         row["vs_guide"] = row["images_per_s"] / guide
+        row["cpu_vs_guide"] = rows["guide"]["cpu_ms_per_image"] / row["cpu_ms_per_image"]
     env = {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
            "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
            "loadavg_before": load_before, "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
@@ -127,10 +148,11 @@ def main() -> None:
     if args.json:
         print(json.dumps({"rows": rows, "env": env}, indent=2))
         return
-    print(f"{'pipeline':<10} {'img/s':>8} {'vs guide':>9}  notes")
+    print(f"{'pipeline':<10} {'img/s':>8} {'vs guide':>9} {'CPU ms/img':>11} {'img per CPU-s vs guide':>23}  notes")
     for name, row in rows.items():
         note = f"cache built in {row['cache_build_seconds']:.1f} s (once)" if "cache_build_seconds" in row else ""
-        print(f"{name:<10} {row['images_per_s']:>8.1f} {row['vs_guide']:>8.2f}x  {note}")
+        print(f"{name:<10} {row['images_per_s']:>8.1f} {row['vs_guide']:>8.2f}x {row['cpu_ms_per_image']:>11.2f} "
+              f"{row['cpu_vs_guide']:>22.2f}x  {note}")
     print(json.dumps(env))
 
 
