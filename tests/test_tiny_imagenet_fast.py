@@ -18,7 +18,7 @@ FAST_RECIPE = "inception_v3/tiny_imagenet_fast"
 DOCUMENTED_DIFFERENCES = {
     "name", "description",
     "model.aux_loss_weight",
-    "data.hflip", "data.train_crop_scale",
+    "data.loader", "data.hflip", "data.train_crop_scale",
     "train.epochs", "train.batch_size", "train.precision", "train.channels_last", "train.label_smoothing",
     "optim.lr",
     "schedule.name", "schedule.warmup_epochs",
@@ -50,7 +50,7 @@ def test_fine_tuning_values():
     assert (r.model.weights, r.model.aux_loss_weight, r.train.label_smoothing) == ("imagenet", 0.4, 0.1)
     assert (r.train.precision, r.train.channels_last) == ("bf16", True)
     assert (r.schedule.name, r.schedule.warmup_epochs, r.schedule.warmup_start_factor) == ("cosine", 2, 0.1)
-    assert r.data.loader == "auto"  # the lead sets `resident` when branch datapath merges
+    assert r.data.loader == "resident"
     assert (r.data.train_crop_size, r.data.val_resize_size, r.data.val_crop_size) == (299, 342, 299)
 
 

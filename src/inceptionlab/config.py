@@ -69,7 +69,8 @@ class DataConfig:
     reader: str = "imagefolder"  # imagefolder | tiny_imagenet | digits | cifar10 | fashion_mnist | mnist | imdb
     root: Optional[str] = None  # dataset folder; `--data DIR` sets it
     download: bool = True  # readers of public datasets fetch (with checksums) into root when files are missing
-    loader: str = "auto"  # auto: in-memory datasets stay on the device (resident); files use worker processes
+    loader: str = "auto"  # auto: in-memory datasets and image folders that fit stay on the device (resident); else workers
+    cache_size: int = 342  # resident image folders: longest side kept in the uint8 cache, px (smaller images stay exact)
     val_fraction: Optional[float] = None  # carve validation out of train (IMDB: 0.2), else the val/test split
     split_seed: int = 42  # seed of that carve-out (the guide's seed=42)
     text: TextConfig = field(default_factory=TextConfig)
@@ -95,7 +96,7 @@ class DataConfig:
             _check_choice("data.interpolation", self.interpolation, INTERPOLATIONS)
         if self.val_fraction is not None and not 0 < self.val_fraction < 1:
             raise ValueError(f"data.val_fraction={self.val_fraction} must be in (0, 1)")
-        for name in ("train_crop_size", "val_resize_size", "val_crop_size"):
+        for name in ("train_crop_size", "val_resize_size", "val_crop_size", "cache_size"):
             _check_positive(f"data.{name}", getattr(self, name))
         if None not in (self.val_resize_size, self.val_crop_size) and self.val_resize_size < self.val_crop_size:
             raise ValueError(

@@ -90,7 +90,13 @@ def plot_run(run_dir: Path) -> list[Path]:
 
 
 def _as_display(image) -> np.ndarray:
-    """uint8 CHW tensor -> HWC (or HW for one channel) numpy array for imshow."""
+    """uint8 CHW tensor -> HWC (or HW for one channel) numpy array for imshow.
+
+    Normalised float images (from the resident image loader) are stretched to 0..1 per image.
+    """
+    if hasattr(image, "is_floating_point") and image.is_floating_point():
+        image = image.float()
+        image = (image - image.min()) / (image.max() - image.min()).clamp(min=1e-6)
     array = np.asarray(image)
     return array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)
 

@@ -6,52 +6,20 @@ same batches as one that never stopped; `start` skips the samples already consum
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Iterator, Sized
+from typing import Any, Iterator, Sized
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from inceptionlab.data.arrays import ArraySplit
+from inceptionlab.data.image_loader import resident_image_loader
+from inceptionlab.data.sampling import EpochSampler, default_num_workers
 from inceptionlab.data.splits import collate_skipping_unreadable
 
 
 # data.loader choices, as make_loader reads them: auto = resident for in-memory splits, workers otherwise.
 LOADERS = ("auto", "resident", "workers")
-
-
-class EpochSampler(Sampler[int]):
-    """Shuffled (or sequential) indices for one rank of `world_size`, reproducible per epoch.
-
-    Training pads the index list so every rank gets the same number of batches (DDP needs equal
-    step counts); evaluation (`pad=False`) shards without padding so no sample is counted twice.
-    """
-
-    def __init__(self, size: int, *, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1, pad: bool = True):
-        self.size, self.shuffle, self.seed = size, shuffle, seed
-        self.rank, self.world_size, self.pad = rank, world_size, pad
-        self.epoch, self.start = 0, 0
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Select the epoch's order; skip the first `start` samples of this rank's share."""
-        self.epoch, self.start = epoch, start
-
-    def _indices(self) -> list[int]:
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-            order = torch.randperm(self.size, generator=generator).tolist()
-        else:
-            order = list(range(self.size))
-        if self.pad and self.world_size > 1 and self.size % self.world_size:
-            order += order[: self.world_size - self.size % self.world_size]
-        return order[self.rank :: self.world_size]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._indices()[self.start :])
-
-    def __len__(self) -> int:
-        return len(self._indices()) - self.start
 
 
 @dataclass
@@ -121,10 +89,6 @@ class _ArrayDataset(Dataset):
         return self.split.inputs[index], int(self.split.targets[index])
 
 
-def default_num_workers() -> int:
-    return min(8, os.cpu_count() or 1)
-
-
 def cap_samples(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
     """A fixed random subset of `limit` samples (for smoke runs); the whole dataset otherwise."""
     size = len(dataset)  # type: ignore[arg-type]
@@ -149,8 +113,19 @@ def make_loader(
     pin_memory: bool = False,
     device: torch.device | None = None,
     mode: str = "auto",
+    images: Any = None,
 ) -> SkipTrackingLoader | ResidentLoader:
-    """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise."""
+    """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise.
+
+    With `images` (a ResidentImageOptions), an image folder that fits in memory (or any, for
+    mode="resident") is decoded once and augmented on the device (data/image_loader.py).
+    """
+    if images is not None and mode != "workers":
+        resident = resident_image_loader(dataset, images, batch_size=batch_size, train=train, seed=seed, rank=rank,
+                                         world_size=world_size, device=device or torch.device("cpu"),
+                                         num_workers=num_workers, required=mode == "resident")
+        if resident is not None:
+            return resident  # type: ignore[return-value]
     sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
     if isinstance(dataset, ArraySplit):
         if mode in ("auto", "resident"):

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from inceptionlab.config import Recipe
+from inceptionlab.data.device_aug import pass_normalised
+from inceptionlab.data.image_loader import ResidentImageOptions
 from inceptionlab.data.loaders import SkipTrackingLoader, cap_samples, make_loader
 from inceptionlab.data.readers import read_splits
 from inceptionlab.engine.distributed import DistInfo, init_distributed
@@ -72,6 +74,8 @@ def build_session(recipe: Recipe) -> Session:
     scaler = torch.amp.GradScaler(device.type, enabled=recipe.train.precision == "fp16")
     spec = _make_spec(recipe, splits, num_classes, built.arch_kwargs)
     prepare = input_preparation(spec, recipe.train.channels_last, device)
+    if any(getattr(loader, "yields_normalised", False) for loader in (train_loader, val_loader)):
+        prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
     notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}"]
@@ -114,7 +118,8 @@ def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[A
     if len(train_set) == 0 or len(val_set) == 0:
         raise UserError(f"{cfg.root}: the train or val split is empty")
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
-                  pin_memory=device.type == "cuda", device=device, mode=cfg.loader)
+                  pin_memory=device.type == "cuda", device=device, mode=cfg.loader,
+                  images=ResidentImageOptions.from_recipe(recipe))
     train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, **common)
     val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)
     test_loader = None

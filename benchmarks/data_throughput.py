@@ -1,0 +1,170 @@
+"""Images/s delivered as normalised 299 px training batches: the guide's pipeline vs this package's.
+
+Rows, measured in one run on the real tiny-imagenet files (copied to a temp dir, val regrouped by
+the package's own `prepare_tiny_imagenet`, read by the `tiny_imagenet` reader):
+- guide: ImageFolder + PIL, per-image RandomResizedCrop(299) + ToTensor + Normalize in `--workers`
+  DataLoader processes, float32 batches (the guide's pipeline, 16 workers there);
+- workers: `data.loader=workers`: the same crop in workers but uint8 batches, normalised (bf16,
+  channels_last) once per batch in the main process;
+- resident: `data.loader=resident`: decoded once into a uint8 cache, crop + flip + normalise per
+  batch on the device as two batched matmuls (bf16, channels_last). The one-off cache build is
+  reported apart.
+
+Each row: `--warmup` batches (worker start-up), then `--batches` timed batches, device synchronised.
+
+    python benchmarks/data_throughput.py [--data /work/shared/data/tiny-imagenet-200] [--batch 64]
+        [--batches 20] [--workers 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from inceptionlab.config import load_recipe
+from inceptionlab.data.image_loader import ResidentImageOptions
+from inceptionlab.data.loaders import make_loader
+from inceptionlab.data.readers import read_splits
+from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+from inceptionlab.data.transforms import Normalize
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def copy_dataset(source: Path, into: Path) -> Path:
+    """The original layout copied beside us, val regrouped there by the package (the source stays read-only)."""
+    target = into / "tiny-imagenet-200"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("test"))
+    prepare_tiny_imagenet(into, progress=False)
+    return target
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process plus its reaped children (DataLoader workers, once joined)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def timed(make_batches: Callable[[], Iterable], warmup: int, count: int, finish) -> dict[str, float]:
+    """img/s over `count` batches after `warmup`; CPU time per image over all of them, workers included.
+
+    On a shared machine wall-clock img/s depends on how many processes each pipeline runs (more
+    processes, larger share of the cores); CPU time per image does not.
+    """
+    batches = make_batches()  # listing files, loading the cache: set-up, not counted
+    cpu_start = cpu_seconds()
+    iterator = iter(batches)
+    start = time.perf_counter()
+    for _ in range(warmup):
+        finish(next(iterator)[0])
+    first = time.perf_counter() - start
+    images = 0
+    start = time.perf_counter()
+    for _ in range(count):
+        images += len(finish(next(iterator)[0]))
+    seconds = time.perf_counter() - start
+    del iterator, batches
+    gc.collect()  # shuts the worker processes down and reaps them, so their CPU time is counted
+    cpu = cpu_seconds() - cpu_start
+    total = images * (warmup + count) / count
+    return {"images_per_s": images / seconds, "images": images, "seconds": seconds, "warmup_seconds": first,
+            "cpu_ms_per_image": 1000 * cpu / total}
+
+
+def guide_batches(train_dir: Path, batch: int, workers: int) -> Iterable:
+    from torchvision import datasets, transforms
+
+    transform = transforms.Compose([transforms.RandomResizedCrop(299), transforms.ToTensor(),
+                                    transforms.Normalize(MEAN, STD)])
+    dataset = datasets.ImageFolder(str(train_dir), transform=transform)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
+                                       persistent_workers=workers > 0)
+
+
+def package_loader(root: Path, mode: str, batch: int, workers: int, device: torch.device) -> Any:
+    recipe = load_recipe("inception_v3/tiny_imagenet", [f"data.root={root}", f"data.loader={mode}",
+                                                        f"data.num_workers={workers}", "train.precision=bf16",
+                                                        "train.channels_last=true", f"train.batch_size={batch}"])
+    splits = read_splits(recipe.data)
+    loader = make_loader(splits.train, batch_size=batch, train=True, seed=0, num_workers=workers, device=device,
+                         mode=mode, images=ResidentImageOptions.from_recipe(recipe))
+    loader.set_epoch(0)
+    return loader
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path("/work/shared/data/tiny-imagenet-200"))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    normalize = Normalize(MEAN, STD, channels_last=True).to(device)
+
+    def delivered(x: torch.Tensor) -> torch.Tensor:  # what the model receives, on the device
+        sync()
+        return x
+
+    def normalised_bf16(x: torch.Tensor) -> torch.Tensor:
+        return delivered(normalize(x.to(device, non_blocking=True)).to(torch.bfloat16))
+
+    load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = copy_dataset(args.data, Path(tmp))
+        rows["guide"] = timed(lambda: guide_batches(root / "train", args.batch, args.workers), args.warmup,
+                              args.batches, lambda x: delivered(x.to(device)))
+        rows["workers"] = timed(lambda: package_loader(root, "workers", args.batch, args.workers, device),
+                                args.warmup, args.batches, normalised_bf16)
+        start = time.perf_counter()
+        package_loader(root, "resident", args.batch, args.workers, device)  # builds the cache once
+        cache_seconds = time.perf_counter() - start
+        rows["resident"] = timed(lambda: package_loader(root, "resident", args.batch, args.workers, device),
+                                 args.warmup, args.batches, delivered)
+        rows["resident"]["cache_build_seconds"] = cache_seconds
+    guide = rows["guide"]["images_per_s"]
+    for row in rows.values():
+        row["vs_guide"] = row["images_per_s"] / guide
+        row["cpu_vs_guide"] = rows["guide"]["cpu_ms_per_image"] / row["cpu_ms_per_image"]
+    env = {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+           "loadavg_before": load_before, "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
+           "batch": args.batch, "batches": args.batches, "workers": args.workers}
+    if args.json:
+        print(json.dumps({"rows": rows, "env": env}, indent=2))
+        return
+    print(f"{'pipeline':<10} {'img/s':>8} {'vs guide':>9} {'CPU ms/img':>11} {'img per CPU-s vs guide':>23}  notes")
+    for name, row in rows.items():
+        note = f"cache built in {row['cache_build_seconds']:.1f} s (once)" if "cache_build_seconds" in row else ""
+        print(f"{name:<10} {row['images_per_s']:>8.1f} {row['vs_guide']:>8.2f}x {row['cpu_ms_per_image']:>11.2f} "
+              f"{row['cpu_vs_guide']:>22.2f}x  {note}")
+    print(json.dumps(env))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Augmentation on the device, one batched call per step: RandomResizedCrop + flip, eval resize + crop.
+
+Why: the guide's path crops each image in a worker process with PIL (365-445 img/s on this 2-core
+AMD EPYC); here a whole uint8 batch is resampled with two batched matmuls whose per-sample
+interpolation matrices encode the crop box, the scale and the flip (995 img/s fp32, 1,740 bf16 for
+64 px -> 299 px, DESIGN.md point 11). `affine_grid` + `grid_sample` measured 510-595 img/s.
+
+Semantics are torchvision's, and tests/test_device_aug.py checks them:
+- `sample_crop_params` draws boxes from `RandomResizedCrop.get_params`'s distribution (area scale
+  and log-ratio uniform, up to 10 attempts, first success, the same central-crop fallback);
+- `resample` equals `resized_crop(..., bilinear, antialias=False)` on uint8 tensors (align_corners
+  False, sampling clamped to the crop box) within one uint8 level; when a box is larger than the
+  output (downscaling) the weights become torchvision's antialiased triangle filter, as
+  `antialias=True` does in the worker path.
+
+Sources may differ in size: they are stored top-left in a padded (N, C, S, S) tensor with their
+true heights and widths; boxes never leave the true image, so padding never gets any weight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+MAX_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
+DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
+@dataclass(frozen=True)
+class Boxes:
+    """Per-sample crop boxes in source pixels: top, left, height, width (int64, shape (N,))."""
+
+    top: torch.Tensor
+    left: torch.Tensor
+    height: torch.Tensor
+    width: torch.Tensor
+
+
+def sample_crop_params(
+    generator: torch.Generator,
+    heights: torch.Tensor,
+    widths: torch.Tensor,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = DEFAULT_RATIO,
+) -> Boxes:
+    """RandomResizedCrop.get_params for a batch of images of sizes (heights[n], widths[n]).
+
+    All 10 attempts are drawn at once; each sample keeps its first box that fits, exactly as the
+    loop in torchvision returns on its first success. Samples with no fitting box get the central
+    crop clamped to the ratio range. Sizes are rounded like Python's round() (half to even).
+    """
+    device = heights.device
+    n = heights.shape[0]
+    h_src, w_src = heights.to(torch.float64), widths.to(torch.float64)
+    area = (h_src * w_src)[:, None]
+    uniform = lambda: torch.rand(n, MAX_ATTEMPTS, generator=generator, device=device, dtype=torch.float64)  # noqa: E731
+    target_area = area * (scale[0] + (scale[1] - scale[0]) * uniform())
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * uniform())
+    w = torch.round(torch.sqrt(target_area * aspect))
+    h = torch.round(torch.sqrt(target_area / aspect))
+    fits = (w > 0) & (w <= w_src[:, None]) & (h > 0) & (h <= h_src[:, None])
+    first = fits.to(torch.int8).argmax(dim=1, keepdim=True)  # index of the first True (0 if none)
+    found = fits.any(dim=1)
+    h_pick, w_pick = h.gather(1, first)[:, 0], w.gather(1, first)[:, 0]
+    h_fb, w_fb = _central_fallback(h_src, w_src, ratio)
+    h_box = torch.where(found, h_pick, h_fb).long()
+    w_box = torch.where(found, w_pick, w_fb).long()
+    # Position: uniform over the (H - h + 1) x (W - w + 1) placements, like torch.randint in the loop.
+    pos = torch.rand(n, 2, generator=generator, device=device, dtype=torch.float64)
+    top_rand = torch.floor(pos[:, 0] * (heights - h_box + 1)).long()
+    left_rand = torch.floor(pos[:, 1] * (widths - w_box + 1)).long()
+    top = torch.where(found, top_rand, torch.div(heights - h_box, 2, rounding_mode="floor"))
+    left = torch.where(found, left_rand, torch.div(widths - w_box, 2, rounding_mode="floor"))
+    return Boxes(top, left, h_box, w_box)
+
+
+def _central_fallback(h_src: torch.Tensor, w_src: torch.Tensor, ratio: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchvision's fallback: the whole image, narrowed to the nearest allowed aspect ratio."""
+    in_ratio = w_src / h_src
+    lo, hi = min(ratio), max(ratio)
+    too_tall, too_wide = in_ratio < lo, in_ratio > hi
+    w = torch.where(too_wide, torch.round(h_src * hi), w_src)
+    h = torch.where(too_tall, torch.round(w_src / lo), h_src)
+    return h, w
+
+
+def center_crop_boxes(heights: torch.Tensor, widths: torch.Tensor, resize_size: int, crop_size: int) -> tuple[Boxes, torch.Tensor, torch.Tensor]:
+    """Eval's Resize(shorter side -> resize_size) + CenterCrop(crop_size) as a box on the resized image.
+
+    Returns (box on the resized image, resized heights, resized widths). Resized sizes follow
+    torchvision: the longer side is int(resize_size * long / short) (truncated).
+    """
+    short = torch.minimum(heights, widths)
+    long_ = torch.maximum(heights, widths)
+    long_new = (resize_size * long_) // short  # int(size * long / short) for positive ints
+    tall = heights >= widths
+    new_h = torch.where(tall, long_new, torch.full_like(heights, resize_size))
+    new_w = torch.where(tall, torch.full_like(widths, resize_size), long_new)
+    new_h = torch.where(heights == widths, torch.full_like(heights, resize_size), new_h)
+    new_w = torch.where(heights == widths, torch.full_like(widths, resize_size), new_w)
+    # CenterCrop: top = int(round((H - crop) / 2.0)) (torchvision pads when crop > H; never here,
+    # DataConfig checks resize_size >= crop_size).
+    top = torch.round((new_h - crop_size).double() / 2).long()
+    left = torch.round((new_w - crop_size).double() / 2).long()
+    size = torch.full_like(heights, crop_size)
+    return Boxes(top, left, size, size), new_h, new_w
+
+
+def axis_weights(
+    start: torch.Tensor,
+    extent: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor,
+    out_size: int,
+    src_size: int,
+    antialias: bool,
+) -> torch.Tensor:
+    """(N, out_size, src_size) interpolation weights along one axis, float32.
+
+    Output pixel k samples source coordinate (k + offset + 0.5) * scale - 0.5 + start (PyTorch's
+    align_corners=False), clamped to the box [start, start + extent - 1]: pixels outside the box
+    (the rest of the image, the padding) get no weight. With `antialias` and scale > 1 the
+    weights are a triangle filter `scale` pixels wide, normalised, as torchvision's antialias.
+    """
+    # Coordinates relative to the box start, so float32 keeps them to ~4e-6 px (boxes <= a few hundred
+    # px); float64 over the whole (N, out, src) grid cost 70 ms of CPU per 64-image batch.
+    k = torch.arange(out_size, device=start.device, dtype=torch.float64)
+    center = ((k[None, :] + offset.double()[:, None] + 0.5) * scale.double()[:, None]).float()[:, :, None]
+    j = torch.arange(src_size, device=start.device, dtype=torch.float32)[None, None, :] - start.float()[:, None, None]
+    extent = extent.float()[:, None, None]
+    inside = (j >= 0) & (j < extent)
+    if antialias:
+        support = torch.clamp(scale.float(), min=1.0)[:, None, None]
+        weights = torch.clamp(1 - (j + 0.5 - center).abs() / support, min=0) * inside
+        weights = weights / weights.sum(dim=2, keepdim=True)
+    else:
+        src = torch.minimum(torch.clamp(center - 0.5, min=0), extent - 1)
+        weights = torch.clamp(1 - (j - src).abs(), min=0) * inside
+    return weights
+
+
+def resample(
+    images: torch.Tensor,
+    boxes: Boxes,
+    out_size: int,
+    *,
+    flip: torch.Tensor | None = None,
+    resized: tuple[torch.Tensor, torch.Tensor] | None = None,
+    source_sizes: tuple[torch.Tensor, torch.Tensor] | None = None,
+    antialias: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Crop each box and resize it to out_size x out_size, bilinear; (N, C, S, S) -> (N, C, out, out).
+
+    Without `resized`, box n of the source is stretched to the output (RandomResizedCrop). With
+    `resized=(heights, widths)`, the source is first resized to those sizes and the box is a crop
+    of that resized image (Resize + CenterCrop): the offset moves into the sampling coordinates;
+    `source_sizes=(heights, widths)` are then the true sizes of padded sources (default: S x S).
+    `flip[n]` mirrors sample n left-right (the horizontal matrix's rows reversed). Values keep the
+    input's units (0..255 for uint8 input) in `dtype`; the matmuls run in `dtype`. The result is
+    in channels_last memory order.
+    """
+    n, _, src_h, src_w = images.shape
+    zeros = torch.zeros_like(boxes.top)
+    if resized is None:
+        start_y, start_x, extent_y, extent_x = boxes.top, boxes.left, boxes.height, boxes.width
+        scale_y, scale_x = boxes.height.double() / out_size, boxes.width.double() / out_size
+        off_y = off_x = zeros
+    else:  # full image resized to (new_h, new_w), then the box cut from it
+        heights, widths = source_sizes or _full_sizes(images)
+        start_y = start_x = zeros
+        extent_y, extent_x = heights, widths
+        scale_y, scale_x = heights.double() / resized[0], widths.double() / resized[1]
+        off_y, off_x = boxes.top, boxes.left
+    rows = axis_weights(start_y, extent_y, scale_y, off_y, out_size, src_h, antialias)
+    cols = axis_weights(start_x, extent_x, scale_x, off_x, out_size, src_w, antialias)
+    if flip is not None:
+        cols = torch.where(flip[:, None, None], cols.flip(1), cols)
+    channels = images.shape[1]
+    # Two batched matmuls, nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one,
+    # whose result is permuted (3.7 M values for 64 x 64 px sources) so that the large one,
+    # (N, out, H) @ (N, H, out*C), writes NHWC: channels_last without another copy of the output.
+    x = images.to(dtype).reshape(n, channels * src_h, src_w)
+    narrow = torch.bmm(x, cols.to(dtype).transpose(1, 2)).view(n, channels, src_h, out_size)
+    narrow = narrow.permute(0, 2, 3, 1).reshape(n, src_h, out_size * channels)
+    out = torch.bmm(rows.to(dtype), narrow).view(n, out_size, out_size, channels)
+    return out.permute(0, 3, 1, 2)  # (N, C, out, out) in channels_last memory order
+
+
+def _full_sizes(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n, _, h, w = images.shape
+    return (torch.full((n,), h, dtype=torch.long, device=images.device),
+            torch.full((n,), w, dtype=torch.long, device=images.device))
+
+
+@dataclass
+class DeviceAugment:
+    """A uint8 batch -> normalised `dtype` batch for the model, in one batched call.
+
+    train: RandomResizedCrop(out_size, scale, ratio) + optional horizontal flip, per sample;
+    eval: Resize(shorter side -> resize_size) + CenterCrop(out_size). `mean`/`std` are the
+    ModelSpec's (0..1 units).
+    """
+
+    out_size: int
+    mean: Sequence[float]
+    std: Sequence[float]
+    train: bool = True
+    scale: Sequence[float] = (0.08, 1.0)
+    ratio: Sequence[float] = DEFAULT_RATIO
+    hflip: bool = False
+    resize_size: int | None = None
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+
+    def __call__(self, images: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1) * 255.0
+        inv_std = 1.0 / (torch.tensor(self.std, device=images.device).view(1, -1, 1, 1) * 255.0)
+        if self.train:
+            if generator is None:
+                raise ValueError("training augmentation needs a torch.Generator")
+            boxes = sample_crop_params(generator, heights, widths, self.scale, self.ratio)
+            flip = None
+            if self.hflip:
+                flip = torch.rand(len(heights), generator=generator, device=images.device) < 0.5
+            # Normalising the 64 px source, not the 299 px output, is 22x fewer elements; rows of the
+            # interpolation matrices sum to 1, so the result is the same up to rounding.
+            source = (images.float() - mean) * inv_std
+            out = resample(source, boxes, self.out_size, flip=flip, dtype=self.dtype)
+        else:
+            boxes, new_h, new_w = center_crop_boxes(heights, widths, self.resize_size or self.out_size, self.out_size)
+            pixels = resample(images, boxes, self.out_size, resized=(new_h, new_w), source_sizes=(heights, widths))
+            # Rounded to uint8 levels like the worker path's uint8 output, so `evaluate` agrees with it.
+            out = ((pixels.round().clamp(0, 255) - mean) * inv_std).to(self.dtype)
+        return out.contiguous(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+
+
+def pass_normalised(prepare: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`prepare` for uint8 batches; floating batches come normalised from a resident image loader."""
+
+    def maybe_prepare(inputs: torch.Tensor) -> torch.Tensor:
+        return inputs if inputs.is_floating_point() else prepare(inputs)
+
+    return maybe_prepare
