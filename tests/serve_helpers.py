@@ -13,15 +13,22 @@ import uvicorn
 from conftest import FAST, make_image_folder
 
 
-def train_tiny_run(root: Path) -> tuple[Path, Path]:
-    """resnet18 at 75 px on coloured squares (3 classes), ~20 s on 2 cores: (run_dir, data)."""
+_TINY: dict[str, tuple[Path, Path]] = {}
+
+
+def train_tiny_run(tmp_path_factory) -> tuple[Path, Path]:
+    """resnet18 at 75 px on coloured squares (3 classes), ~30 s on 2 cores, trained once per session:
+    (run_dir, data)."""
     from inceptionlab.config import load_recipe
     from inceptionlab.engine.trainer import fit
 
-    data = make_image_folder(root / "data")
-    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "train.epochs=2",
-                                                      "model.name=resnet18"])
-    return fit(recipe, root / "runs", progress=False).run_dir, data
+    if "run" not in _TINY:
+        root = tmp_path_factory.mktemp("serve")
+        data = make_image_folder(root / "data")
+        recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "train.epochs=2",
+                                                          "model.name=resnet18"])
+        _TINY["run"] = (fit(recipe, root / "runs", progress=False).run_dir, data)
+    return _TINY["run"]
 
 
 def serve_model(run_dir: Path, backend: str = "eager", max_batch: int = 8):

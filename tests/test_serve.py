@@ -24,7 +24,7 @@ from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    run_dir, data = train_tiny_run(tmp_path_factory.mktemp("serve"))
+    run_dir, data = train_tiny_run(tmp_path_factory)
     return run_dir, data, serve_model(run_dir)
 
 
