@@ -258,3 +258,17 @@ def test_auto_backend_is_the_fastest_cpu_runtime_installed():
     installed = [name for name in ("openvino", "onnxruntime") if get_runtime(name).missing() is None]
     assert auto_backend("cpu", "image") == (installed[0] if installed else "eager")
     assert auto_backend("cpu", "tokens") == "eager" and auto_backend("cuda", "image") == "eager"
+
+
+def test_auto_precision_keeps_fp32_when_bf16_cannot_pass_the_agreement_rule(tiny):
+    from inceptionlab.infer.runtimes import get_runtime
+    from inceptionlab.serve.models import ServeSettings, load_served_model
+
+    if get_runtime("openvino").missing():
+        pytest.skip(f"openvino: {get_runtime('openvino').missing()}")
+    lines: list[str] = []
+    settings = ServeSettings(backend="openvino", precision="auto", device="cpu", max_batch=2, log=lines.append)
+    served = load_served_model(settings, run_dir=tiny[0])
+    assert served.precision == "fp32"
+    # The tiny run has 9 val images, far below the rule's 200 held-out images (or a CPU without bf16).
+    assert any("bf16" in line and ("held-out images" in line or "skipped" in line) for line in lines), lines

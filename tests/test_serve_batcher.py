@@ -107,3 +107,28 @@ def test_timed_out_request_is_dropped_from_the_queue_and_drain_waits_for_the_res
     drained, batches, results = run(main())
     assert drained and batches == [[1], [1]]  # the timed-out request never ran
     np.testing.assert_array_equal(results[1], np.full((1, 1), 2))
+
+
+def test_engine_pads_to_the_bucket_and_returns_only_the_real_rows():
+    from inceptionlab.serve.models import Engine, batch_buckets
+
+    class Doubling:  # a Session stand-in that records the batch sizes it ran
+        def __init__(self):
+            self.sizes = []
+
+        def place(self, x):
+            return x
+
+        def run(self, x):
+            self.sizes.append(len(x))
+            return x * 2
+
+        def to_numpy(self, x):
+            return x
+
+    session = Doubling()
+    engine = Engine({b: session for b in batch_buckets(8)}, batch_buckets(8))
+    out = engine.run(np.arange(5, dtype=np.float32).reshape(5, 1))
+    assert session.sizes == [8] and out.shape == (5, 1)
+    np.testing.assert_array_equal(out[:, 0], [0, 2, 4, 6, 8])
+    assert batch_buckets(8) == [1, 2, 4, 8] and batch_buckets(12) == [1, 2, 4, 8, 12]

@@ -98,11 +98,12 @@ class Engine:
         return next(b for b in self.buckets if b >= count)
 
     def run(self, inputs: np.ndarray) -> np.ndarray:
-        size = self.bucket(len(inputs))
-        if size > len(inputs):  # pad with copies of the last row: real values, no NaN surprises
-            inputs = np.concatenate([inputs, np.repeat(inputs[-1:], size - len(inputs), 0)])
+        count = len(inputs)
+        size = self.bucket(count)
+        if size > count:  # pad with copies of the last row: real values, no NaN surprises
+            inputs = np.concatenate([inputs, np.repeat(inputs[-1:], size - count, 0)])
         session = self.sessions[size]
-        return session.to_numpy(session.run(session.place(np.ascontiguousarray(inputs))))[: len(inputs)]
+        return session.to_numpy(session.run(session.place(np.ascontiguousarray(inputs))))[:count]
 
 
 @dataclass
