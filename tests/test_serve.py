@@ -207,6 +207,7 @@ def test_overload_rejects_with_503_and_answers_every_accepted_request(tiny):
     assert all(len(r.json()["results"][0]["topk"]) == 3 for r in responses if r.status_code == 200)
     assert _metric(metrics, 'inceptionlab_requests_total{model="tiny",outcome="rejected"}') == codes.count(503)
     assert _metric(metrics, 'inceptionlab_inferences_total{model="tiny"}') == codes.count(200)
+    assert 1 <= state.batchers["tiny"].peak_queue <= 4  # the queue never grew past --max-queue
 
 
 def _raw_request(port: int, head: bytes, body: bytes) -> None:

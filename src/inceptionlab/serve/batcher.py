@@ -61,6 +61,7 @@ class DynamicBatcher:
         self.max_queue, self.instances, self.on_batch = max_queue, instances, on_batch
         self.queue: deque[_Entry] = deque()
         self.executing = 0  # requests inside a running batch
+        self.peak_queue = 0  # the most requests ever waiting at once (bounded by max_queue)
         self.draining = False
         self._arrival = asyncio.Event()
         self._idle = asyncio.Event()
@@ -96,6 +97,7 @@ class DynamicBatcher:
         self.check_accepting()
         entry = _Entry(item, count, asyncio.get_running_loop().create_future())
         self.queue.append(entry)
+        self.peak_queue = max(self.peak_queue, len(self.queue))
         self._idle.clear()
         self._arrival.set()
         try:
