@@ -70,3 +70,11 @@ def test_bench_command_line_reruns_with_every_option(tmp_path):
     for flag in ("--calib-images", "--holdout", "--min-agreement", "--calibration", "--iters", "--warmup",
                  "--device", "--provider", "--layout", "--out", "--tune"):
         assert f" {flag}" in recorded, flag
+
+
+def test_serve_takes_runs_weights_and_device_like_the_other_commands():
+    serve = _command("serve")
+    run = _option(serve, "--run")
+    assert run is not None and run.multiple and "run directory" in run.help
+    assert _option(serve, "--weights").help == _option(_command("bench"), "--weights").help
+    assert _option(serve, "--device").help == _option(_command("evaluate"), "--device").help

@@ -17,7 +17,7 @@ from inceptionlab.data.device_aug import Boxes, DeviceAugment, pass_normalised, 
 from inceptionlab.data.image_loader import ResidentImageLoader, ResidentImageOptions
 from inceptionlab.data.imagefolder import RobustImageFolder
 from inceptionlab.data.loaders import SkipTrackingLoader, make_loader
-from inceptionlab.data.transforms import Normalize
+from inceptionlab.models.spec import Normalize
 
 DRAWS = 4000
 
@@ -248,7 +248,7 @@ def test_validation_batches_are_deterministic_and_cover_the_split(folder):
 def test_training_resumes_bit_exactly_with_the_resident_image_loader(folder, tmp_path):
     from test_engine import SMALL_CNN, recipe_for, state_of
 
-    from inceptionlab.engine.trainer import StopSignal, fit
+    from inceptionlab.engine.fit import StopSignal, fit
 
     extra = [*SMALL_CNN, "data.loader=resident", "data.hflip=true"]
     straight = fit(recipe_for(folder, *extra), tmp_path / "a", progress=False)
