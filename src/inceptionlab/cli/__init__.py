@@ -23,9 +23,9 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so `inceptionlab --help` stays fast and each group stays in its own module.
-    from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, plot, predict, train
+    from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, train
 
-    for module in (doctor, train, evaluate, predict, export, bench, plot, demo):
+    for module in (doctor, train, evaluate, predict, export, bench, loadtest, plot, demo):
         module.register(app)
     app.add_typer(data.app, name="data")
 
