@@ -11,6 +11,7 @@ one-line errors for the inputs that name nothing usable.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import struct
@@ -23,7 +24,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from inceptionlab.errors import UserError
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "expand_image_paths", "load_rgb"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "decode_rgb", "expand_image_paths", "load_rgb"]
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -81,6 +82,14 @@ def load_rgb(path: str | os.PathLike[str], max_side: int | None = None) -> Image
         image = _decode(fp, path, max_side)
         # Inside the `with`: some formats read the EXIF block lazily from the file.
         image = _apply_exif_orientation(image)
+    return _to_rgb(image)
+
+
+def decode_rgb(data: bytes, name: str = "<upload>", max_side: int | None = None) -> Image.Image:
+    """`load_rgb` for bytes already in memory (an upload to the server): same checks, same errors;
+    `name` stands for the path in the one-line message."""
+    fp = io.BytesIO(data)
+    image = _apply_exif_orientation(_decode(fp, Path(name), max_side))
     return _to_rgb(image)
 
 

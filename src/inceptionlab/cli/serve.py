@@ -1,0 +1,91 @@
+"""`inceptionlab serve`: an Open Inference Protocol (KServe v2) HTTP server for runs and pretrained models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from inceptionlab.errors import UserError
+
+
+def serve(
+    runs: List[Path] = typer.Argument(None, help="Run directories to serve (image or text models); "
+                                      "NAME=RUN_DIR names one."),
+    model: List[str] = typer.Option([], "--model", help="A torchvision model to serve, e.g. inception_v3 "
+                                    "(repeatable)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="--model: imagenet (default), random (seed 0) "
+                                          "or a state_dict file."),
+    backend: str = typer.Option("auto", "--backend", help="auto | openvino | onnxruntime | compile | eager "
+                                "(auto: OpenVINO on a CPU when installed, else ONNX Runtime, else eager)."),
+    precision: str = typer.Option("auto", "--precision", help="auto | fp32 | bf16 | fp16 | int8 (reduced "
+                                  "precisions only when they pass the agreement rule)."),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
+    max_batch: int = typer.Option(32, "--max-batch", min=1, help="Largest batch the dynamic batcher forms."),
+    max_delay_ms: float = typer.Option(2.0, "--max-delay-ms", min=0, help="Longest a request waits for its "
+                                       "batch to fill."),
+    max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
+                                  "503 + Retry-After."),
+    instances: int = typer.Option(1, "--instances", min=1, help="Batches in flight per model (one session and "
+                                  "worker thread each)."),
+    timeout_s: float = typer.Option(30.0, "--timeout-s", min=0.001, help="Per-request timeout (504)."),
+    drain_s: float = typer.Option(30.0, "--drain-s", min=0, help="On SIGTERM: longest wait for accepted "
+                                  "requests."),
+    max_body_mb: float = typer.Option(20.0, "--max-body-mb", min=0.001, help="Request body limit (413)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this key (401 without it); default: "
+                                          "$INCEPTIONLAB_API_KEY if set."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the "
+                             "network: set an API key)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535),
+) -> None:
+    """Serve models over HTTP: KServe v2 /v2/models/NAME/infer, POST /v1/classify, /metrics, a page at /.
+
+    Examples:
+
+      inceptionlab serve runs/inception_v3/imagefolder/20261122-101500
+
+      inceptionlab serve --model inception_v3 --weights random --backend onnxruntime --port 8000
+
+      curl -s --data-binary @dog.jpg 'http://127.0.0.1:8000/v1/classify?model=inception_v3'
+    """
+    from inceptionlab.infer.runtimes import resolve_device
+    from inceptionlab.serve.app import API_KEY_ENV, ServerSettings, create_app
+    from inceptionlab.serve.models import BACKENDS, ServeSettings, load_served_model
+    from inceptionlab.serve.server import serve_forever
+
+    if backend not in BACKENDS:
+        raise UserError(f"--backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if not runs and not model:
+        raise UserError("give run directories to serve, or --model NAME (e.g. --model inception_v3)")
+    settings = ServeSettings(backend, precision, resolve_device(device), max_batch, instances, weights,
+                             log=lambda message: typer.echo(message, err=True))
+    served = []
+    for name, run_dir in (_named(r) for r in runs or []):
+        served.append(load_served_model(settings, run_dir=run_dir, name=name))
+    for name in model:
+        served.append(load_served_model(settings, model=name))
+    names = [m.name for m in served]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UserError(f"two models are named {duplicates[0]!r}: name them, e.g. NAME=RUN_DIR")
+    for m in served:
+        typer.echo(f"serving {m.describe()}")
+    key = api_key or os.environ.get(API_KEY_ENV) or None
+    app = create_app(served, ServerSettings(max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key))
+    typer.echo(f"ready: http://{host}:{port}/ (KServe v2 at /v2, metrics at /metrics"
+               f"{', API key required' if key else ''}); SIGTERM drains and exits", err=False)
+    serve_forever(app, host, port, drain_s)
+
+
+def _named(arg: Path) -> tuple[Optional[str], Path]:
+    text = str(arg)
+    if "=" in text and not Path(text).exists():
+        name, path = text.split("=", 1)
+        return name, Path(path)
+    return None, arg
+
+
+def register(root: typer.Typer) -> None:
+    root.command("serve")(serve)

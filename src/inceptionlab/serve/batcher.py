@@ -1,0 +1,194 @@
+"""Dynamic batching with Triton's semantics, on asyncio, computing in worker threads.
+
+- A request (one or more items along axis 0) waits at most `max_delay` from when the OLDEST
+  request of the batch arrived; the batch goes as soon as it holds `max_batch` items or the
+  delay is over. Requests are never split; a request bigger than `max_batch` is refused (400).
+- The queue holds at most `max_queue` requests; one more is refused at once (QueueFull -> 503
+  with Retry-After): a bounded queue keeps memory and latency bounded under overload.
+- `instances` batches run at the same time (one worker thread each, each with its own session):
+  on a CPU, several smaller executions are the alternative to one big batch.
+- A request that gives up (timeout, client gone) while queued is dropped before it is run; one
+  that gives up while running is computed and its result discarded.
+- `drain()` stops accepting, then waits (bounded) until everything accepted has been answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+
+class QueueFull(Exception):
+    """The queue holds max_queue requests: answer 503 with Retry-After."""
+
+
+class Draining(Exception):
+    """The server is shutting down and accepts nothing new."""
+
+
+@dataclass
+class _Entry:
+    item: Any  # what the run function takes for this request (e.g. a float32 array)
+    count: int  # items along axis 0
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class BatchStats:
+    """What one execution did, for the metrics."""
+
+    requests: int
+    items: int
+    queue_seconds: list[float]
+    compute_seconds: float
+
+
+# run(instance, items) -> one result per item (its slice of the batch output)
+RunFn = Callable[[int, Sequence[Any]], Sequence[Any]]
+
+
+class DynamicBatcher:
+    def __init__(self, run: RunFn, max_batch: int, max_delay_s: float, max_queue: int, instances: int = 1,
+                 on_batch: Callable[[BatchStats], None] = lambda stats: None, name: str = "model"):
+        self.run, self.max_batch, self.max_delay = run, max_batch, max_delay_s
+        self.max_queue, self.instances, self.on_batch = max_queue, instances, on_batch
+        self.queue: deque[_Entry] = deque()
+        self.executing = 0  # requests inside a running batch
+        self.draining = False
+        self._arrival = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"infer-{name}")
+        self._workers: list[asyncio.Task] = []
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue) + self.executing
+
+    def start(self) -> None:
+        self._workers = [asyncio.create_task(self._worker(i)) for i in range(self.instances)]
+
+    async def stop(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    async def submit(self, item: Any, count: int, timeout_s: float | None = None) -> Any:
+        """Queue one request and wait for its result; QueueFull / Draining refuse it at once."""
+        if self.draining:
+            raise Draining("the server is shutting down")
+        if count > self.max_batch:
+            raise ValueError(f"a request of {count} items exceeds --max-batch {self.max_batch}; split it")
+        if len(self.queue) >= self.max_queue:
+            raise QueueFull(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue})")
+        entry = _Entry(item, count, asyncio.get_running_loop().create_future())
+        self.queue.append(entry)
+        self._idle.clear()
+        self._arrival.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(entry.future), timeout_s)
+        finally:
+            if not entry.future.done():
+                entry.future.cancel()  # still queued: the worker skips it; running: result dropped
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new requests; True when every accepted one was answered within `timeout_s`."""
+        self.draining = True
+        self._drop_abandoned()
+        if not self.queue and self.executing == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    # ----------------------------------------------------------------------------- workers
+
+    async def _worker(self, instance: int) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            if not batch:
+                continue
+            started = time.perf_counter()
+            try:
+                results = await loop.run_in_executor(self._executor, self.run, instance, [e.item for e in batch])
+                compute = time.perf_counter() - started
+                for entry, result in zip(batch, results):
+                    if not entry.future.done():
+                        entry.future.set_result(result)
+            except Exception as exc:  # a failed batch fails its requests, never the worker
+                compute = time.perf_counter() - started
+                for entry in batch:
+                    if not entry.future.done():
+                        entry.future.set_exception(exc)
+            finally:
+                self.executing -= len(batch)
+                self._note_idle()
+            self.on_batch(BatchStats(len(batch), sum(e.count for e in batch),
+                                     [started - e.arrived for e in batch], compute))
+
+    async def _next_batch(self) -> list[_Entry]:
+        """Wait for a request, then up to max_delay (from its arrival) for more to fill the batch."""
+        while True:
+            self._drop_abandoned()
+            if self.queue:
+                break
+            self._arrival.clear()
+            await self._arrival.wait()
+        deadline = self.queue[0].arrived + self.max_delay
+        while self._queued_items() < self.max_batch and not self.draining:
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                break
+            self._arrival.clear()
+            try:
+                await asyncio.wait_for(self._arrival.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        return self._take()
+
+    def _queued_items(self) -> int:
+        return sum(e.count for e in self.queue if not e.future.done())
+
+    def _take(self) -> list[_Entry]:
+        batch: list[_Entry] = []
+        items = 0
+        while self.queue:
+            entry = self.queue[0]
+            if entry.future.done():  # gave up while queued
+                self.queue.popleft()
+                continue
+            if items + entry.count > self.max_batch:
+                break
+            batch.append(self.queue.popleft())
+            items += entry.count
+        self.executing += len(batch)  # counted before the queue looks empty: drain() waits for it
+        if self.queue:
+            self._arrival.set()  # leftovers: another worker (or the next round) takes them at once
+        self._note_idle()
+        return batch
+
+    def _drop_abandoned(self) -> None:
+        while self.queue and self.queue[0].future.done():
+            self.queue.popleft()
+        self._note_idle()
+
+    def _note_idle(self) -> None:
+        if not self.queue and self.executing == 0:
+            self._idle.set()
+
+
+def split_rows(output: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    """A batch output -> one slice per request, in order."""
+    bounds = np.cumsum([0, *counts])
+    return [output[bounds[i]:bounds[i + 1]] for i in range(len(counts))]

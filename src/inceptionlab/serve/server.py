@@ -1,0 +1,54 @@
+"""Running the app under uvicorn with a graceful SIGTERM: drain first, then exit 0.
+
+uvicorn's own SIGTERM handling closes the listening socket at once and, after its shutdown,
+re-raises the signal (the process then dies by SIGTERM, exit status 143). Here the first SIGTERM
+or SIGINT turns readiness to 503 and refuses new requests while queued and running ones are
+answered (at most `drain_s`), then uvicorn shuts down and the process exits 0. A second signal
+forces the exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float):
+        super().__init__(config)
+        self.app, self.drain_s = app, drain_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.drain_task: asyncio.Task | None = None
+
+    async def startup(self, sockets: list | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_task is not None or self.loop is None:  # second signal, or not started: go now
+            self.should_exit = True
+            self.force_exit = self.drain_task is not None
+            return
+        self.loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self.drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        state = self.app.state.serve
+        print(f"draining: readiness 503, answering accepted requests (at most {self.drain_s:g} s)", flush=True)
+        complete = await state.drain(self.drain_s)
+        print("drained" if complete else "drain time over: exiting with requests unanswered", flush=True)
+        self.should_exit = True
+
+
+def serve_forever(app: FastAPI, host: str, port: int, drain_s: float, log_level: str = "warning") -> None:
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=max(1, int(drain_s)), lifespan="on")
+    server = DrainingServer(config, app, drain_s)
+    server.run()
+
+
