@@ -210,6 +210,8 @@ def test_server_stats_from_our_metrics_and_tritons():
         f'inceptionlab_executions_total{{model="m"}} {ex}\n'
         f'inceptionlab_queue_seconds_sum{{model="m"}} {q}\ninceptionlab_queue_seconds_count{{model="m"}} {n}\n'
         f'inceptionlab_compute_seconds_sum{{model="m"}} {c}\ninceptionlab_compute_seconds_count{{model="m"}} {n}\n'
+        f'inceptionlab_request_seconds_sum{{model="m"}} {2 * c}\ninceptionlab_request_seconds_count{{model="m"}} {n}\n'
+        f'inceptionlab_requests_total{{model="m",outcome="rejected"}} {n // 10}\n'
         f'inceptionlab_inferences_total{{model="other"}} 999\n')
     before = lt.parse_metrics(ours(10, 10, 0.1, 0.5, 10), "m")
     after = lt.parse_metrics(ours(110, 35, 1.1, 3.0, 110), "m")
@@ -217,6 +219,7 @@ def test_server_stats_from_our_metrics_and_tritons():
     # 100 images in 25 executions: batches of 4; 1 s queued and 2.5 s computing over 100 requests.
     assert stats["metrics"] == "inceptionlab" and stats["avg_batch"] == 4.0
     assert stats["queue_ms"] == pytest.approx(10.0) and stats["compute_ms"] == pytest.approx(25.0)
+    assert stats["request_ms"] == pytest.approx(50.0) and stats["outcomes"] == {"rejected": 10}
     triton = lambda inf, ex, ok, q, c: (  # noqa: E731
         f'nv_inference_count{{model="m",version="1"}} {inf}\nnv_inference_exec_count{{model="m",version="1"}} {ex}\n'
         f'nv_inference_request_success{{model="m",version="1"}} {ok}\n'
@@ -288,8 +291,18 @@ def test_tensor_payload_follows_the_models_metadata(stub):
     assert row["ok"] > 0 and row["error"] == 0
     spec, data = behaviour.seen[-1]
     assert spec["datatype"] == "UINT8" and spec["shape"] == [1, 3, 32, 24] and len(data) == 3 * 32 * 24
-    with pytest.raises(UserError, match="no BYTES input.*--payload tensor"):
-        lt.run_load(settings(url, concurrency=1, duration=0.2, payload="image"))
+    # Our server lists only its image input and takes encoded files there too.
+    lt.run_load(settings(url, concurrency=1, duration=0.2, payload="image"))
+    spec, data = behaviour.seen[-1]
+    assert spec["name"] == "images" and spec["datatype"] == "BYTES" and spec["shape"] == [1]
+    row = lt.run_load(settings(url, concurrency=1, duration=0.2, payload="fp32"))
+    spec, data = behaviour.seen[-1]
+    assert spec["datatype"] == "FP32" and len(data) == 4 * 3 * 32 * 24
+    pixels = np.frombuffer(data, np.float32)
+    assert 0.0 <= pixels.min() and pixels.max() <= 1.0
+    behaviour.inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    with pytest.raises(UserError, match="no input to send --payload tensor"):
+        lt.run_load(settings(url, concurrency=1, duration=0.2, payload="tensor"))
 
 
 def test_image_payload_sends_real_jpegs(stub, tmp_path):

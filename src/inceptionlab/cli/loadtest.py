@@ -22,7 +22,8 @@ def loadtest(
     images: List[Path] = typer.Option([], "--images", help="Images/folders to send (default: the sample "
                                                            "pictures, else generated JPEGs)."),
     payload: str = typer.Option("image", "--payload", help="image: encoded files as a BYTES tensor; tensor: "
-                                                            "preprocessed tensors of the model's input shape."),
+                                                            "UINT8 pixels of the model's input shape; fp32: "
+                                                            "float pixels (Triton serving the ONNX export)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: Poisson arrivals, requests/s "
                                                               "(--sweep: the first rate)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop: this many clients."),
@@ -54,7 +55,7 @@ def loadtest(
 
       inceptionlab loadtest http://127.0.0.1:8000 --model inception_v3 --sweep --slo-ms 100
 
-      inceptionlab loadtest http://triton:8000 --model inception_v3 --payload tensor --concurrency 8 --json
+      inceptionlab loadtest http://triton:8000 --model inception_v3 --payload fp32 --concurrency 8 --json
     """
     from inceptionlab.errors import UserError
     from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep, settings_dict

@@ -13,10 +13,10 @@ Two ways to offer load:
   "coordinated omission").
 * **closed loop** (`concurrency`): C clients each send, wait for the answer, and send again.
 
-Requests are `POST /v2/models/{name}/infer` with the binary tensor data extension: either encoded
-images as a BYTES tensor (default; the server decodes and preprocesses) or preprocessed tensors
-whose datatype and shape come from `GET /v2/models/{name}` (`payload="tensor"`: what Triton serving
-our ONNX export takes). Outcomes are counted apart: ok (200), rejected (503: the server's bounded
+Requests are `POST /v2/models/{name}/infer` with the binary tensor data extension: encoded images
+as a BYTES tensor (`payload="image"`, default: the server decodes and preprocesses), or pictures
+already resized to the input shape that `GET /v2/models/{name}` reports, as UINT8 pixels
+(`"tensor"`: our server normalises them) or FP32 (`"fp32"`: what Triton serving the ONNX export takes). Outcomes are counted apart: ok (200), rejected (503: the server's bounded
 queue is full), timeout, and other errors; latency percentiles are over successful requests, and a
 rate only "holds the SLO" when p99 <= SLO *and* failures stay under `max_error_rate`.
 
@@ -49,7 +49,7 @@ from inceptionlab.errors import UserError
 # Open Inference Protocol, binary tensor data extension (Triton's, also KServe's): the JSON header's
 # length goes in this HTTP header and the raw tensor bytes follow the JSON in the same body.
 HEADER_LENGTH = "Inference-Header-Content-Length"
-PAYLOADS = ("image", "tensor")
+PAYLOADS = ("image", "tensor", "fp32")
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # Numeric datatypes of the protocol -> numpy (BYTES is length-prefixed, handled apart).
 NUMPY_DTYPES = {"UINT8": np.uint8, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
@@ -230,33 +230,37 @@ class ModelInfo:
     outputs: list[dict[str, Any]]
 
     def input_for(self, payload: str) -> dict[str, Any]:
-        """The BYTES input for encoded images, the first numeric input for tensors."""
-        for spec in self.inputs:
-            if (spec.get("datatype") == "BYTES") == (payload == "image"):
-                return spec
-        found = ", ".join(f"{i.get('name')} {i.get('datatype')} {i.get('shape')}" for i in self.inputs)
-        want = "BYTES input (encoded images)" if payload == "image" else "numeric tensor input"
-        other = "tensor" if payload == "image" else "image"
-        raise UserError(f"model {self.name} has no {want} (inputs: {found}); try --payload {other}")
+        """The input to send `payload` to. Encoded images go to a listed BYTES input, else to the one
+        image input (ours lists FP32 [-1, C, H, W] and also takes BYTES [N] and UINT8 there); tensors
+        go to the image input, whose shape fixes theirs."""
+        images = [i for i in self.inputs if len(i.get("shape", [])) in (3, 4)]
+        if payload == "image":
+            listed = [i for i in self.inputs if i.get("datatype") == "BYTES"]
+            if listed or len(images) == 1:
+                return (listed or images)[0]
+        elif images:
+            return images[0]
+        found = ", ".join(f"{i.get('name')} {i.get('datatype')} {i.get('shape')}" for i in self.inputs) or "none"
+        raise UserError(f"model {self.name}: no input to send --payload {payload} to (inputs: {found})")
 
 
 def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
-    """One request body per picture (batch 1 each: batching is the server's job)."""
+    """One request body per picture (batch 1 each: batching is the server's job). image: the file's
+    bytes as BYTES [1]; tensor: UINT8 [1, C, H, W] pixels (4x smaller than float; our server
+    normalises); fp32: FP32 pixels / 255 (what Triton serving the ONNX export takes)."""
     spec = info.input_for(payload)
     output = info.outputs[0]["name"] if info.outputs else None
     if payload == "image":
         return [infer_body(spec["name"], "BYTES", [1], bytes_tensor([data]), output) for data in encoded]
     shape = [int(d) for d in spec.get("shape", [])]
-    if len(shape) not in (3, 4) or any(d < 1 for d in shape[-3:]):
-        raise UserError(f"model {info.name}: input {spec['name']} has shape {shape}; --payload tensor needs "
-                        "[-1, C, H, W] or [C, H, W] with fixed C, H, W")
-    dtype = NUMPY_DTYPES.get(spec.get("datatype", ""))
-    if dtype is None:
-        raise UserError(f"model {info.name}: input datatype {spec.get('datatype')} is not one of {', '.join(NUMPY_DTYPES)}")
+    if any(d < 1 for d in shape[-3:]):
+        raise UserError(f"model {info.name}: input {spec['name']} has shape {shape}; --payload {payload} needs "
+                        "[-1, C, H, W] with fixed C, H, W")
+    datatype = "UINT8" if payload == "tensor" else "FP32"
     channels, height, width = shape[-3:]
     request_shape = [1, channels, height, width] if len(shape) == 4 else [channels, height, width]
-    return [infer_body(spec["name"], spec["datatype"], request_shape, array.tobytes(), output)
-            for array in tensor_pictures(encoded, channels, height, width, dtype)]
+    return [infer_body(spec["name"], datatype, request_shape, array.tobytes(), output)
+            for array in tensor_pictures(encoded, channels, height, width, NUMPY_DTYPES[datatype])]
 
 
 # --------------------------------------------------------------------------------------- server
@@ -302,20 +306,23 @@ async def wait_ready(client: httpx.AsyncClient, url: str, timeout: float = 60.0)
         await asyncio.sleep(0.2)
 
 
-# Counters read from /metrics, per server family: (inferences, executions, requests ok, queue time,
-# compute time). Times are cumulative; `scale` turns them into ms. Ours are prometheus-client
-# histograms (`_sum` in seconds, `_count`), Triton's are plain microsecond counters.
+# Counters read from /metrics, per server family. Times are cumulative; `scale` turns them into ms.
+# Ours are prometheus-client histograms (`_sum` in seconds, `_count`): queue and whole-request time
+# per request, compute time per executed batch. Triton's are microsecond counters summed over
+# requests (a batch's compute time counts once per request in it), divided by successful requests.
 METRIC_FAMILIES = {
     "inceptionlab": {
         "inferences": "inceptionlab_inferences_total", "executions": "inceptionlab_executions_total",
         "queue": "inceptionlab_queue_seconds_sum", "queue_count": "inceptionlab_queue_seconds_count",
         "compute": "inceptionlab_compute_seconds_sum", "compute_count": "inceptionlab_compute_seconds_count",
+        "request": "inceptionlab_request_seconds_sum", "request_count": "inceptionlab_request_seconds_count",
         "scale": 1e3,
     },
     "triton": {
         "inferences": "nv_inference_count", "executions": "nv_inference_exec_count",
         "queue": "nv_inference_queue_duration_us", "queue_count": "nv_inference_request_success",
         "compute": "nv_inference_compute_infer_duration_us", "compute_count": "nv_inference_request_success",
+        "request": "nv_inference_request_duration_us", "request_count": "nv_inference_request_success",
         "scale": 1e-3,
     },
 }
@@ -338,7 +345,8 @@ def parse_metrics(text: str, model: str | None = None) -> dict[str, float]:
 
 def server_stats(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
     """What the server saw during a measurement: average batch size and mean queue/compute ms per
-    request, from the difference of its counters. {} when it has no metrics we know."""
+    request, from the difference of its counters. {} when it has no metrics we know. `request_ms`
+    (the whole request inside the server) minus queue and compute is parsing, decoding and encoding."""
     if not before or not after:
         return {}
     for family, names in METRIC_FAMILIES.items():
@@ -349,7 +357,7 @@ def server_stats(before: dict[str, float] | None, after: dict[str, float] | None
         stats: dict[str, Any] = {"metrics": family, "inferences": int(delta["inferences"]),
                                  "executions": int(delta["executions"])}
         stats["avg_batch"] = round(delta["inferences"] / delta["executions"], 3) if delta["executions"] > 0 else None
-        for part in ("queue", "compute"):
+        for part in ("queue", "compute", "request"):
             count = delta[f"{part}_count"]
             stats[f"{part}_ms"] = round(delta[part] * names["scale"] / count, 3) if count > 0 else None
         stats["outcomes"] = _outcome_deltas(before, after)
@@ -596,7 +604,8 @@ async def _warm_up(client: httpx.AsyncClient, settings: LoadSettings, info: Mode
         record = await send(client, endpoint, requests[index % len(requests)], time.perf_counter(), settings.timeout)
         if record.outcome == "error" or record.outcome == "timeout":
             detail = await _error_detail(client, endpoint, requests[0])
-            raise UserError(f"{endpoint}: warm-up request failed ({record.status or record.outcome}){detail}")
+            hint = "; Triton serving an ONNX export takes tensors: try --payload fp32" if settings.payload == "image" else ""
+            raise UserError(f"{endpoint}: warm-up request failed ({record.status or record.outcome}){detail}{hint}")
 
 
 async def _error_detail(client: httpx.AsyncClient, endpoint: str, request: Prepared) -> str:
