@@ -58,6 +58,12 @@ def loadtest(
       inceptionlab loadtest http://triton:8000 --model inception_v3 --payload fp32 --concurrency 8 --json
     """
     from inceptionlab.errors import UserError
+
+    try:
+        import httpx  # noqa: F401
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise UserError("the load generator needs httpx and prometheus-client: pip install 'inceptionlab[loadtest]'") from None
     from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep, settings_dict
     from inceptionlab.serve.loadtest_report import append_jsonl, environment, format_table, plot_latency_vs_rate, records
 

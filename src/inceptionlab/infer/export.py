@@ -90,7 +90,7 @@ class ModelSource:
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
-        return (3, self.spec.crop_size, self.spec.crop_size)
+        return (self.spec.channels, self.spec.crop_size, self.spec.crop_size)
 
 
 def state_checksum(model: nn.Module) -> str:
@@ -222,11 +222,14 @@ def load_images(files: list[Path], spec: ModelSpec) -> np.ndarray:
     images = []
     for path in files:
         try:
-            images.append(torch.as_tensor(transform(load_rgb(path, max_side=spec.resize_size))))
+            image = load_rgb(path, max_side=spec.resize_size)
+            if spec.channels == 1:  # Fashion-MNIST-style models take one grey channel (as predict does)
+                image = image.convert("L")
+            images.append(torch.as_tensor(transform(image)))
         except (ImageReadError, OSError, ValueError):
             continue
     if not images:
-        return np.zeros((0, 3, spec.crop_size, spec.crop_size), np.uint8)
+        return np.zeros((0, spec.channels, spec.crop_size, spec.crop_size), np.uint8)
     return torch.stack(images).numpy()
 
 
@@ -507,7 +510,7 @@ def check_onnx_file(path: Path, spec: ModelSpec) -> None:
         raise UserError(f"{path}: expected one input and one output, found {len(graph.input)} and "
                         f"{len(graph.output)}; export it with `inceptionlab export`")
     inputs, outputs = _dims(graph.input[0]), _dims(graph.output[0])
-    want_in = [3, spec.crop_size, spec.crop_size]
+    want_in = [spec.channels, spec.crop_size, spec.crop_size]
     if inputs[1:] != want_in or outputs[1:] != [spec.num_classes]:
         raise UserError(f"{path}: graph takes {inputs} -> {outputs} but the model ({spec.arch}) takes "
                         f"[batch, {', '.join(map(str, want_in))}] -> [batch, {spec.num_classes}]: it is from "
