@@ -372,3 +372,72 @@ def test_table_and_plot_from_rows(tmp_path):
     path = plot_latency_vs_rate(rows, tmp_path / "p.png", "t")
     assert path.read_bytes()[:4] == b"\x89PNG"
     assert plot_latency_vs_rate([{**rows[0], "mode": "closed"}], tmp_path / "q.png") is None
+
+
+# --------------------------------------------------------------------------------------- against `inceptionlab serve`
+
+
+class SlowTinyNet(__import__("torch").nn.Module):
+    """A 3-class CNN that takes >= 10 ms per batch whatever its size, like a model whose cost is
+    dominated by per-call overhead: the case dynamic batching exists for."""
+
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                                       torch.nn.Linear(4, 3))
+
+    def forward(self, x):
+        time.sleep(0.01)  # the fixed per-call cost (a real model's kernel launches, weight reads)
+        return self.net(x)
+
+
+@pytest.fixture
+def real_server():
+    """`inceptionlab serve`'s app with a tiny model (max batch 8, 5 ms delay, queue of 4) on 127.0.0.1."""
+    models = pytest.importorskip("inceptionlab.serve.models")
+    app_module = pytest.importorskip("inceptionlab.serve.app")
+    from inceptionlab.infer.runtimes import TorchSession
+    from inceptionlab.models.spec import ModelSpec
+
+    spec = ModelSpec("tiny", 3, ["a", "b", "c"], crop_size=32, resize_size=36)
+    buckets = models.batch_buckets(8)
+    net = SlowTinyNet().eval()
+    engine = models.Engine({b: TorchSession(net, "fp32", "nchw", "cpu", b) for b in buckets}, buckets)
+    served = models.ServedModel("tiny", spec, "test", "eager", "fp32", "cpu", [engine], max_batch=8)
+    app = app_module.create_app([served], app_module.ServerSettings(max_delay_ms=5.0, max_queue=4))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(timeout=30)
+    sock.close()
+
+
+def test_against_our_server_batches_form_and_metrics_agree(real_server):
+    row = lt.run_load(lt.LoadSettings(real_server, model="tiny", concurrency=4, duration=1.5, payload="tensor",
+                                      slo_ms=1e4, warmup=2))
+    assert row["ok"] == row["sent"] > 10 and row["rejected"] == row["error"] == 0
+    server = row["server"]
+    assert server["metrics"] == "inceptionlab" and server["inferences"] == row["ok"]
+    assert server["outcomes"]["success"] == row["ok"]
+    # 4 clients and a 10 ms batch: requests arriving during a batch wait for the next one together.
+    assert server["avg_batch"] > 1.5 and server["compute_ms"] >= 10.0
+    image = lt.run_load(lt.LoadSettings(real_server, model="tiny", concurrency=2, duration=0.5, payload="image",
+                                        warmup=1))
+    assert image["ok"] > 0 and image["error"] == 0
+
+
+def test_against_our_server_503s_match_its_rejections(real_server):
+    # 300 requests/s against at most ~8 per 10 ms batch with a queue of 4: most are turned away.
+    row = lt.run_load(lt.LoadSettings(real_server, model="tiny", rate=300.0, duration=1.0, payload="tensor",
+                                      warmup=1))
+    assert row["rejected"] > 0 and row["ok"] > 0 and row["error"] == 0
+    assert row["server"]["outcomes"]["rejected"] == row["rejected"]
+    assert row["slo_met"] is False

@@ -336,6 +336,8 @@ def parse_metrics(text: str, model: str | None = None) -> dict[str, float]:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.name.endswith("_created"):  # prometheus-client's series creation timestamps
+                continue
             if model is not None and "model" in sample.labels and sample.labels["model"] != model:
                 continue
             key = sample.name if not sample.labels.get("outcome") else f"{sample.name}{{outcome={sample.labels['outcome']}}}"
