@@ -41,6 +41,7 @@ class Behaviour:
     fail_every: int = 0  # every Nth request: 500
     inputs: list = field(default_factory=lambda: [{"name": "image", "datatype": "BYTES", "shape": [-1]}])
     seen: list = field(default_factory=list)  # decoded inputs of accepted requests
+    auth: str | None = None  # the last Authorization header
     count: int = 0
 
 
@@ -74,6 +75,7 @@ def stub_app(behaviour: Behaviour):
     async def infer(name: str, request: Request):
         behaviour.count += 1
         number = behaviour.count
+        behaviour.auth = request.headers.get("authorization")
         body = await request.body()
         length = int(request.headers["Inference-Header-Content-Length"])
         header = json.loads(body[:length])
@@ -360,6 +362,19 @@ def test_cli_table_and_bad_inputs(stub, cli, tmp_path):
         dead = f"http://127.0.0.1:{free.getsockname()[1]}"
     down = cli("loadtest", dead, "--model", "stub", "--rate", "5", "--out", tmp_path)
     assert down.code != 0 and "cannot reach" in down.err
+
+
+def test_api_key_is_sent_and_never_written(stub, cli, tmp_path, monkeypatch):
+    from inceptionlab.serve.loadtest_report import redacted
+
+    url, behaviour = stub
+    monkeypatch.setattr("sys.argv", ["inceptionlab", "loadtest", url, "--api-key", "s3cret"])
+    result = cli("loadtest", url, "--model", "stub", "--concurrency", "1", "--duration", "0.2", "--api-key", "s3cret",
+                 "--out", tmp_path, "--no-plot")
+    assert result.code == 0, result.err
+    assert behaviour.auth == "Bearer s3cret"
+    assert "s3cret" not in (tmp_path / "results.jsonl").read_text()
+    assert redacted(["x", "--api-key", "k", "--api-key=k2"]) == ["x", "--api-key", "***", "--api-key=***"]
 
 
 def test_table_and_plot_from_rows(tmp_path):

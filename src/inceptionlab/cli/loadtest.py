@@ -38,6 +38,8 @@ def loadtest(
     connections: int = typer.Option(64, "--connections", min=1, help="HTTP connection pool size."),
     warmup: int = typer.Option(4, "--warmup", min=0, help="Untimed requests first."),
     seed: int = typer.Option(0, "--seed", help="Seed of the Poisson schedule."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key for a server started with "
+                                                                  "--api-key (default: $INCEPTIONLAB_API_KEY)."),
     out: Path = typer.Option(Path("runs/loadtest"), "--out", help="Rows go to OUT/results.jsonl, the plot "
                                                                   "to OUT/plots/loadtest.png."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw latency against offered rate."),
@@ -65,10 +67,20 @@ def loadtest(
     except ImportError:
         raise UserError("the load generator needs httpx and prometheus-client: pip install 'inceptionlab[loadtest]'") from None
     from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep, settings_dict
-    from inceptionlab.serve.loadtest_report import append_jsonl, environment, format_table, plot_latency_vs_rate, records
+    from inceptionlab.serve.loadtest_report import (
+        append_jsonl,
+        environment,
+        format_table,
+        plot_latency_vs_rate,
+        records,
+        redacted,
+    )
+
+    import os
 
     settings = LoadSettings(url.rstrip("/"), model, rate, concurrency, duration, payload, list(images), slo_ms,
-                            max_error_rate, timeout, connections, warmup, seed)
+                            max_error_rate, timeout, connections, warmup, seed,
+                            api_key=api_key or os.environ.get("INCEPTIONLAB_API_KEY") or None)
     settings.check()
     if not sweep and rate is None and concurrency is None:
         raise UserError("give --rate R (open loop), --concurrency C (closed loop) or --sweep")
@@ -86,7 +98,8 @@ def loadtest(
         result = None
         rows = [run_load(settings)]
         emit(rows[0])
-    command = "inceptionlab loadtest " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else sys.argv[1:])
+    argv = redacted(sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else sys.argv[1:])
+    command = "inceptionlab loadtest " + shlex.join(argv)
     env = environment()
     append_jsonl(out / "results.jsonl", records(rows, settings.url, command, settings_dict(settings), env))
     if not as_json:

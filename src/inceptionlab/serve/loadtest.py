@@ -83,6 +83,7 @@ class LoadSettings:
     warmup: int = 4  # sequential untimed requests before the first measurement
     seed: int = 0  # Poisson schedule
     max_requests: int = 100_000  # hard cap on one measurement's schedule
+    api_key: str | None = None  # sent as `Authorization: Bearer KEY` (our server's --api-key)
 
     def check(self) -> None:
         if self.rate is not None and self.concurrency is not None:
@@ -274,6 +275,9 @@ async def model_info(client: httpx.AsyncClient, url: str, model: str | None) -> 
         response = await client.get(f"{url}/v2/models/{model}")
     except httpx.HTTPError as exc:
         raise UserError(f"{url}: cannot reach the server ({type(exc).__name__}); is it running?") from None
+    if response.status_code == 401:
+        raise UserError(f"{url}/v2/models/{model}: HTTP 401; the server wants a key: pass --api-key KEY "
+                        "(or set INCEPTIONLAB_API_KEY)")
     if response.status_code != 200:
         raise UserError(f"{url}/v2/models/{model}: HTTP {response.status_code}; check --model NAME")
     meta = response.json()
@@ -587,7 +591,8 @@ class Session:
 
 async def open_session(settings: LoadSettings) -> Session:
     limits = httpx.Limits(max_connections=settings.connections, max_keepalive_connections=settings.connections)
-    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(settings.timeout))
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(settings.timeout), headers=headers)
     try:
         info = await model_info(client, settings.url, settings.model)
         requests = prepare_requests(info, settings.payload, encoded_images(settings.images))
@@ -661,4 +666,5 @@ def run_sweep(settings: LoadSettings, start_rate: float | None = None, factor: f
 def settings_dict(settings: LoadSettings) -> dict[str, Any]:
     data = asdict(settings)
     data["images"] = [str(p) for p in settings.images]
+    data["api_key"] = "***" if settings.api_key else None  # never written to results files
     return data

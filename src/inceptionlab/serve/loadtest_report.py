@@ -41,11 +41,20 @@ def _cpu_model_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def redacted(argv: list[str]) -> list[str]:
+    """The command line with the value of --api-key replaced: keys never reach results files."""
+    out, hide = [], False
+    for arg in argv:
+        out.append("***" if hide else ("--api-key=***" if arg.startswith("--api-key=") else arg))
+        hide = arg == "--api-key"
+    return out
+
+
 def records(rows: list[dict[str, Any]], url: str, command: str, settings: dict[str, Any],
             env: dict[str, Any]) -> list[dict[str, Any]]:
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     return [{**row, "run_id": run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "url": url, "command": command,
-             "argv": sys.argv, "settings": settings, "env": env} for row in rows]
+             "argv": redacted(sys.argv), "settings": settings, "env": env} for row in rows]
 
 
 def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
