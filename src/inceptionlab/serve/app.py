@@ -249,6 +249,7 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
         body = await request.body()
         outcome = "bad_request"
         try:
+            _refuse_early(state, name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
             parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
             if len(parsed.inputs) != 1:
@@ -271,14 +272,25 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
             state.metrics.request_time.labels(name).observe(time.perf_counter() - started)
 
 
+def _refuse_early(state: ServeState, name: str) -> None:
+    """503 before parsing when the queue is full or the server drains."""
+    try:
+        state.batchers[name].check_accepting()
+    except (QueueFull, Draining) as exc:
+        raise _unavailable(state, exc) from None
+
+
+def _unavailable(state: ServeState, exc: Exception) -> ApiError:
+    return ApiError(503, f"{exc}; retry later", {"Retry-After": str(state.settings.retry_after_s)}, "rejected")
+
+
 async def _submit(state: ServeState, name: str, item: Any, count: int) -> tuple[Any, str]:
     """Queue one request; map refusals to HTTP (the outcome is recorded by the caller's finally)."""
     batcher = state.batchers[name]
     try:
         return await batcher.submit(item, count, state.settings.timeout_s), "success"
     except (QueueFull, Draining) as exc:
-        raise ApiError(503, f"{exc}; retry later", {"Retry-After": str(state.settings.retry_after_s)},
-                       "rejected") from None
+        raise _unavailable(state, exc) from None
     except ValueError as exc:  # bigger than --max-batch
         raise ApiError(400, str(exc)) from None
     except asyncio.TimeoutError:
@@ -329,6 +341,7 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
         k = topk or state.settings.topk
         outcome = "bad_request"
         try:
+            _refuse_early(state, served.name)
             names, item, count, errors = await _classify_inputs(state, served, request)
             result, outcome = await _submit(state, served.name, item, count)
             results = _classify_results(served, names, result["probabilities"], k, errors)

@@ -81,14 +81,19 @@ class DynamicBatcher:
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    async def submit(self, item: Any, count: int, timeout_s: float | None = None) -> Any:
-        """Queue one request and wait for its result; QueueFull / Draining refuse it at once."""
+    def check_accepting(self) -> None:
+        """Raise QueueFull / Draining now: called before a request is parsed and decoded, so an
+        overloaded server spends no CPU or memory on requests it would refuse anyway."""
         if self.draining:
             raise Draining("the server is shutting down")
-        if count > self.max_batch:
-            raise ValueError(f"a request of {count} items exceeds --max-batch {self.max_batch}; split it")
         if len(self.queue) >= self.max_queue:
             raise QueueFull(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue})")
+
+    async def submit(self, item: Any, count: int, timeout_s: float | None = None) -> Any:
+        """Queue one request and wait for its result; QueueFull / Draining refuse it at once."""
+        if count > self.max_batch:  # a 400 whatever the load: retrying cannot help
+            raise ValueError(f"a request of {count} items exceeds --max-batch {self.max_batch}; split it")
+        self.check_accepting()
         entry = _Entry(item, count, asyncio.get_running_loop().create_future())
         self.queue.append(entry)
         self._idle.clear()

@@ -1,0 +1,109 @@
+"""The dynamic batcher alone (Triton's semantics), with a recording run function: no model, fast."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from inceptionlab.serve.batcher import DynamicBatcher, QueueFull
+
+
+class Recorder:
+    """A run function that remembers each batch's request sizes; `gate` holds executions back."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, instance: int, items):
+        self.gate.wait(timeout=10)
+        self.batches.append([len(i) for i in items])
+        return [i * 2 for i in items]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=30))
+
+
+def test_requests_arriving_together_share_one_batch_of_at_most_max_batch():
+    async def main():
+        recorder = Recorder()
+        batcher = DynamicBatcher(recorder, max_batch=8, max_delay_s=0.5, max_queue=100)
+        batcher.start()
+        items = [np.full((2, 1), i) for i in range(6)]  # 12 items: one full batch of 8, then 4
+        results = await asyncio.gather(*(batcher.submit(item, 2) for item in items))
+        await batcher.stop()
+        return recorder.batches, results, items
+
+    batches, results, items = run(main())
+    assert [sum(b) for b in batches] == [8, 4]
+    for got, item in zip(results, items):  # each request gets its own rows back
+        np.testing.assert_array_equal(got, item * 2)
+
+
+def test_a_lone_request_waits_at_most_max_delay():
+    async def main():
+        batcher = DynamicBatcher(Recorder(), max_batch=32, max_delay_s=0.05, max_queue=10)
+        batcher.start()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await batcher.submit(np.zeros((1, 1)), 1)
+        waited = loop.time() - started
+        await batcher.stop()
+        return waited
+
+    assert 0.04 <= run(main()) < 1.0  # the delay, not the 32-item batch that never fills
+
+
+def test_full_queue_refuses_and_oversized_request_is_an_error():
+    async def main():
+        recorder = Recorder()
+        recorder.gate.clear()  # the first batch blocks: later requests pile up in the queue
+        batcher = DynamicBatcher(recorder, max_batch=1, max_delay_s=0, max_queue=2)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))
+        while batcher.executing == 0:
+            await asyncio.sleep(0)
+        queued = [asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1)) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(QueueFull):
+            await batcher.submit(np.zeros((1, 1)), 1)
+        with pytest.raises(ValueError, match="max-batch"):
+            await batcher.submit(np.zeros((2, 1)), 2)
+        recorder.gate.set()
+        answered = await asyncio.gather(first, *queued)
+        await batcher.stop()
+        return answered
+
+    assert len(run(main())) == 3  # every accepted request answered
+
+
+def test_timed_out_request_is_dropped_from_the_queue_and_drain_waits_for_the_rest():
+    async def main():
+        recorder = Recorder()
+        recorder.gate.clear()
+        batcher = DynamicBatcher(recorder, max_batch=1, max_delay_s=0, max_queue=10)
+        batcher.start()
+        running = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))
+        while batcher.executing == 0:
+            await asyncio.sleep(0)
+        with pytest.raises(asyncio.TimeoutError):
+            await batcher.submit(np.full((1, 1), 7), 1, timeout_s=0.01)
+        waiting = asyncio.create_task(batcher.submit(np.ones((1, 1)), 1))
+        await asyncio.sleep(0)
+        drain = asyncio.create_task(batcher.drain(timeout_s=10))
+        await asyncio.sleep(0)
+        assert not drain.done()
+        recorder.gate.set()
+        drained = await drain
+        results = await asyncio.gather(running, waiting)
+        await batcher.stop()
+        return drained, recorder.batches, results
+
+    drained, batches, results = run(main())
+    assert drained and batches == [[1], [1]]  # the timed-out request never ran
+    np.testing.assert_array_equal(results[1], np.full((1, 1), 2))
