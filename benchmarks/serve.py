@@ -4,10 +4,10 @@ For each server configuration (batching off, batching on with 0 and 2 ms delay, 
 starts `inceptionlab serve` as a subprocess on 127.0.0.1 (a free port), waits for it to be ready, and
 with the loadtest library:
 
-1. low load: an open-loop Poisson run at --low-rate (p50/p99 when batches rarely form);
-2. sweep: the highest Poisson rate whose p99 stays <= --slo-ms (rate x1.5 until it fails, then bisect);
-3. saturation: closed loop (2 x max batch x instances clients) with preprocessed UINT8 tensors, then
+1. saturation: closed loop (2 x max batch x instances clients) with preprocessed UINT8 tensors, then
    with JPEG files: the server's throughput, and the share of it that decoding costs;
+2. low load: an open-loop Poisson run at --low-rate (p50/p99 when batches rarely form);
+3. sweep: the highest Poisson rate whose p99 stays <= --slo-ms (rate x1.5 until it fails, then bisect);
 
 then stops the server (SIGTERM). Last, `bench` times the same runtime and precision at batch 1 and at
 the max batch in this process (no server running), so "server overhead" = server saturation
@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,28 +114,55 @@ class Server:
         self.handle.close()
 
 
-def measure_config(name: str, extra: list[str], args: argparse.Namespace, out: Path) -> dict[str, Any]:
+@dataclass
+class Plan:
+    """Offered rates and SLO, shared by every configuration so they are compared at the same load.
+    Unset values come from the first configuration (batching off, by default): low load = 20% of its
+    saturation throughput, sweeps start at 50% of it, SLO = 5x its p50 at low load (>= 100 ms)."""
+
+    low_rate: float | None
+    start_rate: float | None
+    slo_ms: float | None
+
+    def fill(self, saturation: float) -> None:
+        self.low_rate = self.low_rate or round(max(0.2 * saturation, 0.2), 2)
+        self.start_rate = self.start_rate or round(max(0.5 * saturation, 0.5), 2)
+
+
+def measure_config(name: str, extra: list[str], args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
     max_batch = int(option(extra, "--max-batch", "32"))
     instances = int(option(extra, "--instances", "1"))
-    result: dict[str, Any] = {"config": name, "serve_options": extra, "loadavg_before": load_average()}
+    result: dict[str, Any] = {"config": name, "serve_options": extra, "loadavg_before": load_average(),
+                              "max_batch": max_batch, "instances": instances}
     with Server(args.model, args.backend, args.precision, extra, out / f"server-{name}.log") as server:
         result["start_s"] = round(server.start_s, 1)
-        base = dict(url=server.url, model=args.model, duration=args.duration, slo_ms=args.slo_ms, warmup=8)
-        print(f"[{name}] ready in {server.start_s:.0f} s at {server.url}", file=sys.stderr, flush=True)
-        result["low_load"] = run_load(LoadSettings(**base, rate=args.low_rate, payload=args.payload))
-        result["sweep"] = run_sweep(LoadSettings(**base, payload=args.payload), start_rate=args.start_rate,
-                                    factor=1.5, resolution=0.1, max_steps=args.max_steps,
-                                    on_row=lambda row: print(f"[{name}] rate {row['rate']:.1f}/s: p99 "
-                                                             f"{row['p99_ms']} ms, achieved {row['achieved_rate']}/s, "
-                                                             f"{'held' if row['slo_met'] else 'missed'}",
-                                                             file=sys.stderr, flush=True))
+        base = dict(url=server.url, model=args.model, duration=args.duration, warmup=8)
+        log(f"[{name}] ready in {server.start_s:.0f} s at {server.url}")
         clients = max(4, 2 * max_batch * instances)
         for payload in ("tensor", "image"):
-            result[f"saturation_{payload}"] = run_load(LoadSettings(**{**base, "slo_ms": 1e9}, concurrency=clients,
-                                                                    payload=payload))
+            row = run_load(LoadSettings(**base, slo_ms=1e9, concurrency=clients, payload=payload))
+            result[f"saturation_{payload}"] = row
+            log(f"[{name}] saturation, {payload}: {row['achieved_rate']}/s, batch {row['server'].get('avg_batch')}")
+        plan.fill(result["saturation_tensor"]["achieved_rate"])
+        low = run_load(LoadSettings(**base, slo_ms=plan.slo_ms or 1e9, rate=plan.low_rate, payload=args.payload))
+        result["low_load"] = low
+        log(f"[{name}] low load {plan.low_rate}/s: p50 {low['p50_ms']} ms, p99 {low['p99_ms']} ms")
+        if plan.slo_ms is None:
+            plan.slo_ms = max(100.0, 10.0 * math.ceil(5 * (low["p50_ms"] or 20.0) / 10.0))
+            log(f"SLO for every sweep: p99 <= {plan.slo_ms:g} ms (5x the first configuration's p50 at low load)")
+        result["slo_ms"] = plan.slo_ms
+        result["sweep"] = run_sweep(LoadSettings(**base, slo_ms=plan.slo_ms, payload=args.payload),
+                                    start_rate=plan.start_rate, factor=1.5, resolution=0.1,
+                                    max_steps=args.max_steps,
+                                    on_row=lambda row: log(f"[{name}] rate {row['rate']:.2f}/s: p99 {row['p99_ms']} "
+                                                           f"ms, achieved {row['achieved_rate']}/s, "
+                                                           f"{'held' if row['slo_met'] else 'missed'}"))
     result["loadavg_after"] = load_average()
-    result["max_batch"], result["instances"] = max_batch, instances
     return result
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def bench_reference(args: argparse.Namespace, batches: list[int]) -> dict[int, float]:
@@ -203,9 +232,13 @@ def main() -> None:
                                                              "trained run (README), 3-4x fp32's speed here")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
-    parser.add_argument("--slo-ms", type=float, default=100.0)
-    parser.add_argument("--low-rate", type=float, default=5.0, help="requests/s of the low-load run")
-    parser.add_argument("--start-rate", type=float, default=10.0, help="first rate of each sweep")
+    parser.add_argument("--slo-ms", type=float, default=None, help="p99 objective (default: 5x the first "
+                                                                    "configuration's p50 at low load, >= 100 ms)")
+    parser.add_argument("--low-rate", type=float, default=None, help="requests/s of the low-load runs "
+                                                                      "(default: 20%% of the first configuration's "
+                                                                      "saturation throughput)")
+    parser.add_argument("--start-rate", type=float, default=None, help="first rate of each sweep (default: "
+                                                                        "50%% of that throughput)")
     parser.add_argument("--max-steps", type=int, default=8, help="measurements per sweep at most")
     parser.add_argument("--payload", default="tensor", help="sweep payload: tensor (UINT8) or image (JPEG)")
     parser.add_argument("--bench-iters", type=int, default=30)
@@ -217,10 +250,11 @@ def main() -> None:
         parser.error(f"--configs {','.join(unknown)}: use {', '.join(CONFIGS)}")
     started = time.time()
     env = environment()
-    results = [measure_config(name, CONFIGS[name], args, args.out) for name in names]
+    plan = Plan(args.low_rate, args.start_rate, args.slo_ms)
+    results = [measure_config(name, CONFIGS[name], args, plan, args.out) for name in names]
     bench = bench_reference(args, [r["max_batch"] for r in results])
     rows = summarize(results, bench)
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv, "args": {k: str(v) for k, v in vars(args).items()},
+    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv, "plan": vars(plan), "args": {k: str(v) for k, v in vars(args).items()},
               "env": env, "seconds": round(time.time() - started), "summary": rows, "bench_img_per_s": bench,
               "results": results}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -229,7 +263,9 @@ def main() -> None:
     print(f"{args.model} on {args.backend} {args.precision}, {env['cpu']} ({env['cpu_count']} cores, shared: "
           f"load average {env['loadavg'][0]:.1f} at start); payload {args.payload}; {args.duration:g} s per "
           f"measurement; {record['seconds']} s in all")
-    print(markdown(rows, args.slo_ms))
+    print(f"low load {plan.low_rate}/s; sweeps from {plan.start_rate}/s (x1.5, then bisection to 10%); "
+          f"SLO p99 <= {plan.slo_ms:g} ms")
+    print(markdown(rows, plan.slo_ms))
     print(f"results: {path}")
 
 
