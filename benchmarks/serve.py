@@ -136,7 +136,8 @@ def measure_config(name: str, extra: list[str], args: argparse.Namespace, plan: 
                               "max_batch": max_batch, "instances": instances}
     with Server(args.model, args.backend, args.precision, extra, out / f"server-{name}.log") as server:
         result["start_s"] = round(server.start_s, 1)
-        base = dict(url=server.url, model=args.model, duration=args.duration, warmup=8)
+        base = dict(url=server.url, model=args.model, duration=args.duration, warmup=8,
+                    min_requests=args.min_requests)
         log(f"[{name}] ready in {server.start_s:.0f} s at {server.url}")
         clients = max(4, 2 * max_batch * instances)
         for payload in ("tensor", "image"):
@@ -240,6 +241,8 @@ def main() -> None:
     parser.add_argument("--start-rate", type=float, default=None, help="first rate of each sweep (default: "
                                                                         "50%% of that throughput)")
     parser.add_argument("--max-steps", type=int, default=8, help="measurements per sweep at most")
+    parser.add_argument("--min-requests", type=int, default=30, help="open-loop runs last until this many "
+                                                                     "were due (slow servers: longer runs)")
     parser.add_argument("--payload", default="tensor", help="sweep payload: tensor (UINT8) or image (JPEG)")
     parser.add_argument("--bench-iters", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-serve"))

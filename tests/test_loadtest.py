@@ -253,6 +253,12 @@ def test_open_loop_latency_includes_a_stall(stub):
     assert row["server"]["inferences"] == row["ok"]
 
 
+def test_min_requests_stretches_a_slow_open_loop(stub):
+    url, _ = stub
+    row = lt.run_load(settings(url, rate=20.0, duration=0.2, min_requests=30))
+    assert row["duration_s"] == pytest.approx(1.5) and row["sent"] >= 15  # Poisson: 30 expected, sd 5.5
+
+
 def test_closed_loop_misses_what_the_open_loop_sees(stub):
     url, behaviour = stub
     behaviour.stall_at, behaviour.stall_ms = 5, 600.0

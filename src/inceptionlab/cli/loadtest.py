@@ -28,6 +28,8 @@ def loadtest(
                                                               "(--sweep: the first rate)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Closed loop: this many clients."),
     duration: float = typer.Option(10.0, "--duration", help="Seconds of load per measurement."),
+    min_requests: int = typer.Option(0, "--min-requests", min=0, help="Open loop: run at least long enough "
+                                                                      "to send this many (p99 needs ~100)."),
     sweep: bool = typer.Option(False, "--sweep", help="Raise the rate (x1.6) until p99 > --slo-ms, then "
                                                       "bisect; report the highest rate that held it."),
     slo_ms: float = typer.Option(100.0, "--slo-ms", help="p99 latency objective, ms."),
@@ -80,7 +82,8 @@ def loadtest(
 
     settings = LoadSettings(url.rstrip("/"), model, rate, concurrency, duration, payload, list(images), slo_ms,
                             max_error_rate, timeout, connections, warmup, seed,
-                            api_key=api_key or os.environ.get("INCEPTIONLAB_API_KEY") or None)
+                            api_key=api_key or os.environ.get("INCEPTIONLAB_API_KEY") or None,
+                            min_requests=min_requests)
     settings.check()
     if not sweep and rate is None and concurrency is None:
         raise UserError("give --rate R (open loop), --concurrency C (closed loop) or --sweep")

@@ -74,6 +74,7 @@ class LoadSettings:
     rate: float | None = None  # open loop, requests/s (Poisson arrivals)
     concurrency: int | None = None  # closed loop, clients
     duration: float = 10.0  # s of offered load per measurement
+    min_requests: int = 0  # open loop: last at least min_requests / rate s (a p99 needs ~100 samples)
     payload: str = "image"  # image (BYTES, encoded files) | tensor (preprocessed, from metadata)
     images: list[Path] = field(default_factory=list)  # files/folders; empty: sample pictures or generated
     slo_ms: float = 100.0
@@ -511,9 +512,10 @@ async def measure(client: httpx.AsyncClient, settings: LoadSettings, info: Model
     """One measurement (open loop at `rate` or closed loop with `concurrency`) with the server's metrics."""
     endpoint = f"{settings.url}/v2/models/{info.name}/infer"
     before = await scrape(client, settings.url, info.name)
+    duration = settings.duration
     if rate is not None:
-        schedule = poisson_schedule(rate, settings.duration, settings.seed if seed is None else seed,
-                                    settings.max_requests)
+        duration = max(duration, settings.min_requests / rate)
+        schedule = poisson_schedule(rate, duration, settings.seed if seed is None else seed, settings.max_requests)
         records, not_sent, start = await open_loop(client, endpoint, requests, schedule, settings.timeout)
         row = {"mode": "open", "rate": rate, "concurrency": None}
     else:
@@ -523,8 +525,8 @@ async def measure(client: httpx.AsyncClient, settings: LoadSettings, info: Model
         not_sent = 0
         row = {"mode": "closed", "rate": None, "concurrency": concurrency}
     after = await scrape(client, settings.url, info.name)
-    row.update(summarize(records, start, settings.duration, settings.slo_ms, settings.max_error_rate, not_sent))
-    row.update({"duration_s": settings.duration, "payload": settings.payload, "model": info.name,
+    row.update(summarize(records, start, duration, settings.slo_ms, settings.max_error_rate, not_sent))
+    row.update({"duration_s": round(duration, 3), "payload": settings.payload, "model": info.name,
                 "server": server_stats(before, after), "loadavg_1min": _load_average()})
     return row
 
