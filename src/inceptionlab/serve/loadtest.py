@@ -418,7 +418,7 @@ async def send(client: httpx.AsyncClient, endpoint: str, request: Prepared, sche
             client.post(endpoint, content=request.body, headers=request.headers), timeout)
     except asyncio.TimeoutError:
         return Record(scheduled, sent, time.perf_counter(), "timeout")
-    except httpx.HTTPError:
+    except (httpx.HTTPError, OSError):  # refused, reset, closed mid-answer: the server failed this one
         return Record(scheduled, sent, time.perf_counter(), "error")
     done = time.perf_counter()
     status = response.status_code
