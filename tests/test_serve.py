@@ -232,3 +232,29 @@ def test_client_disconnects_leak_nothing(tiny):
                 asyncio.run(asyncio.sleep(0.05))
             assert state.batchers["tiny"].pending == 0
             assert _metric(http.get("/metrics").text, 'inceptionlab_pending_requests{model="tiny"}') == 0
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_exported_runtimes_answer_like_predict_at_every_batch_size(tiny, backend):
+    from inceptionlab.infer.runtimes import get_runtime
+
+    if get_runtime(backend).missing():
+        pytest.skip(f"{backend}: {get_runtime(backend).missing()}")
+    run_dir, data, _ = tiny
+    served = serve_model(run_dir, backend=backend, max_batch=4)
+    assert served.backend == backend and served.precision == "fp32" and served.buckets == [1, 2, 4]
+    files = sorted((data / "val").rglob("*.png"))[:3]  # 3 images: padded to the bucket of 4
+    expected = reference_probs(run_dir, files)
+    with TestClient(create_app([served], ServerSettings())) as c:
+        got = c.post("/v1/classify?topk=3", files=[("files", (f.name, png_bytes(f))) for f in files]).json()
+    for result, want in zip(got["results"], expected):
+        assert by_label(result["topk"]) == pytest.approx(by_label(want), abs=1e-3)
+
+
+def test_auto_backend_is_the_fastest_cpu_runtime_installed():
+    from inceptionlab.infer.runtimes import get_runtime
+    from inceptionlab.serve.models import auto_backend
+
+    installed = [name for name in ("openvino", "onnxruntime") if get_runtime(name).missing() is None]
+    assert auto_backend("cpu", "image") == (installed[0] if installed else "eager")
+    assert auto_backend("cpu", "tokens") == "eager" and auto_backend("cuda", "image") == "eager"

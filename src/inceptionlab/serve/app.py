@@ -294,7 +294,8 @@ async def _submit(state: ServeState, name: str, item: Any, count: int) -> tuple[
     except ValueError as exc:  # bigger than --max-batch
         raise ApiError(400, str(exc)) from None
     except asyncio.TimeoutError:
-        raise ApiError(504, f"no answer within {state.settings.timeout_s:g} s (--timeout-s)", outcome="timeout") from None
+        message = f"no answer within {state.settings.timeout_s:g} s (--timeout-s)"
+        raise ApiError(504, message, outcome="timeout") from None
     except Exception as exc:  # noqa: BLE001 - a failed batch: a 500 for its requests, the server goes on
         raise ApiError(500, f"inference failed: {type(exc).__name__}: {exc}", outcome="error") from None
 
