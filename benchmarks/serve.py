@@ -137,7 +137,7 @@ def measure_config(name: str, extra: list[str], args: argparse.Namespace, plan: 
     with Server(args.model, args.backend, args.precision, extra, out / f"server-{name}.log") as server:
         result["start_s"] = round(server.start_s, 1)
         base = dict(url=server.url, model=args.model, duration=args.duration, warmup=8,
-                    min_requests=args.min_requests)
+                    min_requests=args.min_requests, images=list(args.images))
         log(f"[{name}] ready in {server.start_s:.0f} s at {server.url}")
         clients = max(4, 2 * max_batch * instances)
         for payload in ("tensor", "image"):
@@ -244,6 +244,8 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=30, help="open-loop runs last until this many "
                                                                      "were due (slow servers: longer runs)")
     parser.add_argument("--payload", default="tensor", help="sweep payload: tensor (UINT8) or image (JPEG)")
+    parser.add_argument("--images", type=Path, nargs="*", default=[], help="JPEGs to send (default: the "
+                                                                          "sample pictures, else generated)")
     parser.add_argument("--bench-iters", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-serve"))
     args = parser.parse_args()
