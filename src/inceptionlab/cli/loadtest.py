@@ -80,10 +80,10 @@ def loadtest(
 
     import os
 
-    settings = LoadSettings(url.rstrip("/"), model, rate, concurrency, duration, payload, list(images), slo_ms,
-                            max_error_rate, timeout, connections, warmup, seed,
-                            api_key=api_key or os.environ.get("INCEPTIONLAB_API_KEY") or None,
-                            min_requests=min_requests)
+    settings = LoadSettings(url.rstrip("/"), model=model, rate=rate, concurrency=concurrency, duration=duration,
+                            min_requests=min_requests, payload=payload, images=list(images), slo_ms=slo_ms,
+                            max_error_rate=max_error_rate, timeout=timeout, connections=connections, warmup=warmup,
+                            seed=seed, api_key=api_key or os.environ.get("INCEPTIONLAB_API_KEY") or None)
     settings.check()
     if not sweep and rate is None and concurrency is None:
         raise UserError("give --rate R (open loop), --concurrency C (closed loop) or --sweep")
@@ -106,8 +106,9 @@ def loadtest(
     env = environment()
     append_jsonl(out / "results.jsonl", records(rows, settings.url, command, settings_dict(settings), env))
     if not as_json:
+        load = f"{env['loadavg'][0]:.2f}" if env["loadavg"] else "-"
         print(f"{rows[0]['model']} at {settings.url}, payload {payload}, {duration:g} s per measurement; "
-              f"client: {env['cpu']}, load average {env['loadavg'][0] if env['loadavg'] else '-'}")
+              f"client: {env['cpu']}, load average {load}")
         print(format_table(rows))
         if result is not None:
             print(_sweep_line(result, slo_ms))
@@ -132,8 +133,8 @@ def _sweep_line(result: dict, slo_ms: float) -> str:
         return f"no rate held p99 <= {slo_ms:g} ms"
     best = result["best"]
     note = "" if result["complete"] else " (stopped at --max-steps before the bisection converged)"
-    return (f"highest rate holding p99 <= {slo_ms:g} ms: {best['rate']:.3g} requests/s offered, "
-            f"{best['achieved_rate']:.3g}/s achieved, p99 {best['p99_ms']:.1f} ms{note}")
+    return (f"highest rate holding p99 <= {slo_ms:g} ms: Poisson rate {best['rate']:.3g}/s ({best['offered_rate']:.3g}/s "
+            f"offered in this sample, {best['achieved_rate']:.3g}/s achieved), p99 {best['p99_ms']:.1f} ms{note}")
 
 
 def register(root: typer.Typer) -> None:
