@@ -36,7 +36,7 @@ from inceptionlab.data.image_loader import ResidentImageOptions
 from inceptionlab.data.loaders import make_loader
 from inceptionlab.data.readers import read_splits
 from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
-from inceptionlab.data.transforms import Normalize
+from inceptionlab.models.spec import Normalize
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
-from inceptionlab.data.transforms import Normalize
+from inceptionlab.models.spec import Normalize
 from inceptionlab.engine.loop import StepSettings, train_step
 from inceptionlab.engine.task import make_task
 from inceptionlab.models.registry import build_model

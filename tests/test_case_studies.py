@@ -173,7 +173,7 @@ def test_evaluate_reads_only_the_split_it_scores(imdb_run, split, monkeypatch):
 
     from inceptionlab.data import imdb, readers
     from inceptionlab.infer.evaluate import evaluate_run, run_evaluation
-    from inceptionlab.infer.predict import load_run_model
+    from inceptionlab.models.registry import load_run_model
 
     reads = []
     real_decode = imdb.decode

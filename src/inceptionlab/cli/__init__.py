@@ -23,9 +23,9 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported here so `inceptionlab --help` stays fast and each group stays in its own module.
-    from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, plot, predict, serve, train
+    from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, serve, train
 
-    for module in (doctor, train, evaluate, predict, export, bench, plot, demo, serve):
+    for module in (doctor, train, evaluate, predict, export, bench, plot, demo, serve, loadtest):
         module.register(app)
     app.add_typer(data.app, name="data")
 

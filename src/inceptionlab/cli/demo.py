@@ -26,7 +26,8 @@ def demo(
     """
     from inceptionlab.engine.choices import load_training_recipe as load_recipe
     from inceptionlab.engine.fit import fit
-    from inceptionlab.infer.predict import Predictor, load_run_model
+    from inceptionlab.infer.predict import Predictor
+    from inceptionlab.models.registry import load_run_model
     from inceptionlab.runtime import resolve_device
 
     recipe = load_recipe("demo/digits", [f"data.root={data}", *overrides])

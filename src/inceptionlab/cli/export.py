@@ -28,6 +28,17 @@ def export(
         [], "--images", help="Images/folders for the parity check (default: the guide's sample pictures "
                              "and the run's val data)."),
     as_json: bool = options.json_option("one object with path, sidecar, opset, parity"),
+    format: str = typer.Option("onnx", "--format", help="onnx, or triton: also a Triton model repository "
+                                                        "(exports/triton/) and a KServe manifest (exports/kserve.yaml)."),
+    name: Optional[str] = typer.Option(None, "--name", help="triton: model name (default: the architecture)."),
+    max_batch: int = typer.Option(32, "--max-batch", help="triton: max_batch_size."),
+    max_delay_ms: float = typer.Option(2.0, "--max-delay-ms", help="triton: longest wait for a batch to fill."),
+    max_queue: int = typer.Option(256, "--max-queue", help="triton: queued requests beyond this are rejected."),
+    instances: int = typer.Option(1, "--instances", help="triton: model instances (instance_group count)."),
+    accelerator: str = typer.Option("none", "--accelerator", help="triton: none | openvino (CPU) | cuda | "
+                                                                 "tensorrt | migraphx (AMD ROCm build)."),
+    storage_uri: Optional[str] = typer.Option(None, "--storage-uri", help="triton: where the repository will "
+                                                                          "live, for the KServe manifest."),
 ) -> None:
     """Export to ONNX (eval mode, no aux head, input `images`, output `logits`) with a sidecar
     model.onnx.json (classes, preprocessing, opset, weights checksum), after checking ONNX Runtime
@@ -41,15 +52,29 @@ def export(
       inceptionlab export --model inception_v3 --weights random --out runs/exports
 
       inceptionlab export --model resnet50 --static-batch --opset 18 --json
+
+      inceptionlab export RUN_DIR --format triton --max-batch 16 --instances 2 --accelerator openvino
     """
+    from inceptionlab.errors import UserError
+
+    if format not in ("onnx", "triton"):
+        raise UserError(f"--format {format}: use onnx or triton")
+    if format == "triton" and not dynamic_batch:
+        raise UserError("--format triton batches requests dynamically: drop --static-batch")
+    triton = _triton_options(format, name, max_batch, max_delay_ms, max_queue, instances, accelerator, storage_uri)
     from inceptionlab.infer.export import export_onnx, load_source
 
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)
     source = load_source(run, model, weights, out)
     result = export_onnx(source, opset=opset, dynamic_batch=dynamic_batch, images=list(images) or None)
+    repository = None
+    if triton is not None:
+        from inceptionlab.infer.triton import write_triton_repository
+
+        repository = write_triton_repository(result.path, source.spec, source.exports / "triton", triton)
     if as_json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps({**result.to_dict(), **({"triton": repository.to_dict()} if repository else {})}))
         return
     meta = result.metadata
     print(f"exported {result.path} ({result.bytes / 1e6:.1f} MB, opset {opset}, "
@@ -57,6 +82,21 @@ def export(
           f"{result.seconds:.1f} s)")
     print(result.parity.describe())
     print(f"sidecar {result.sidecar}")
+    if repository is not None:
+        print(f"triton model repository {repository.root} (model {repository.name}: {repository.config}); "
+              f"KServe InferenceService {repository.kserve}")
+
+
+def _triton_options(format, name, max_batch, max_delay_ms, max_queue, instances, accelerator, storage_uri):
+    """Checked before the (slow) export, so a typo fails at once."""
+    if format != "triton":
+        return None
+    from inceptionlab.infer.triton import DEFAULT_STORAGE_URI, TritonOptions
+
+    options = TritonOptions(name, max_batch, max_delay_ms, max_queue, instances, accelerator,
+                            storage_uri or DEFAULT_STORAGE_URI)
+    options.check()
+    return options
 
 
 def register(root: typer.Typer) -> None:

@@ -218,7 +218,10 @@ def load_images(files: list[Path], spec: ModelSpec) -> np.ndarray:
     images = []
     for path in files:
         try:
-            images.append(torch.as_tensor(transform(load_rgb(path, max_side=spec.resize_size))))
+            image = load_rgb(path, max_side=spec.resize_size)
+            if spec.channels == 1:  # Fashion-MNIST-style models take one grey channel (as predict does)
+                image = image.convert("L")
+            images.append(torch.as_tensor(transform(image)))
         except (ImageReadError, OSError, ValueError):
             continue
     if not images:

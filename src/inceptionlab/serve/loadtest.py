@@ -1,0 +1,672 @@
+"""Load generator for any Open Inference Protocol (KServe v2) server: ours, Triton, KServe.
+
+    settings = LoadSettings("http://127.0.0.1:8000", model="inception_v3", rate=20, duration=10)
+    result = run_load(settings)                      # one open-loop (or closed-loop) measurement
+    sweep = run_sweep(settings)                      # raise the rate until p99 > SLO
+
+Two ways to offer load:
+
+* **open loop** (`rate`): arrivals follow a Poisson process fixed in advance (seeded), and each
+  request's latency is measured from its *scheduled* send time. A server that stalls for 300 ms
+  therefore shows 300 ms of lateness on every request that was due during the stall, not only on
+  the one it was serving (MLPerf LoadGen's server scenario; a closed loop would simply stop asking,
+  "coordinated omission").
+* **closed loop** (`concurrency`): C clients each send, wait for the answer, and send again.
+
+Requests are `POST /v2/models/{name}/infer` with the binary tensor data extension: encoded images
+as a BYTES tensor (`payload="image"`, default: the server decodes and preprocesses), or pictures
+already resized to the input shape that `GET /v2/models/{name}` reports, as UINT8 pixels
+(`"tensor"`: our server normalises them) or FP32 (`"fp32"`: what Triton serving the ONNX export takes). Outcomes are counted apart: ok (200), rejected (503: the server's bounded
+queue is full), timeout, and other errors; latency percentiles are over successful requests, and a
+rate only "holds the SLO" when p99 <= SLO *and* failures stay under `max_error_rate`.
+
+The server's own view is read from `/metrics` (Prometheus text) before and after each measurement:
+inferences / executions = average batch size, and mean queue and compute time per request (our
+server's `inceptionlab_*` metrics or Triton's `nv_inference_*`).
+
+Everything is bounded: the schedule ends at `duration`, every request has a `timeout`, in-flight
+requests are capped, and the loop stops by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import os
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import httpx
+import numpy as np
+
+from inceptionlab.errors import UserError
+
+# Open Inference Protocol, binary tensor data extension (Triton's, also KServe's): the JSON header's
+# length goes in this HTTP header and the raw tensor bytes follow the JSON in the same body.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+PAYLOADS = ("image", "tensor", "fp32")
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+# Numeric datatypes of the protocol -> numpy (BYTES is length-prefixed, handled apart).
+NUMPY_DTYPES = {"UINT8": np.uint8, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
+                "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
+# Generated JPEGs when no images are given and the sample pictures are absent: 500x375 is the
+# typical ImageNet validation picture (~110 KB decoded, ~20-40 KB as JPEG).
+GENERATED_SIZE = (500, 375)
+GENERATED_COUNT = 8
+# A closed-loop client waiting on a stalled server is one case; an open loop whose server is far
+# past saturation would keep opening requests forever. Past this many in flight the client stops
+# sending and counts the request as "not_sent" (it is reported, never hidden).
+MAX_IN_FLIGHT = 1024
+
+
+# --------------------------------------------------------------------------------------- settings
+
+
+@dataclass
+class LoadSettings:
+    url: str
+    model: str | None = None  # None: the only model the server lists
+    rate: float | None = None  # open loop, requests/s (Poisson arrivals)
+    concurrency: int | None = None  # closed loop, clients
+    duration: float = 10.0  # s of offered load per measurement
+    min_requests: int = 0  # open loop: last at least min_requests / rate s (a p99 needs ~100 samples)
+    payload: str = "image"  # image (BYTES, encoded files) | tensor (preprocessed, from metadata)
+    images: list[Path] = field(default_factory=list)  # files/folders; empty: sample pictures or generated
+    slo_ms: float = 100.0
+    max_error_rate: float = 0.01  # failures (503, errors, timeouts) allowed while holding the SLO
+    timeout: float = 30.0  # s per request, end to end
+    connections: int = 64  # httpx pool size; requests beyond it wait for a connection (and it shows)
+    warmup: int = 4  # sequential untimed requests before the first measurement
+    seed: int = 0  # Poisson schedule
+    max_requests: int = 100_000  # hard cap on one measurement's schedule
+    api_key: str | None = None  # sent as `Authorization: Bearer KEY` (our server's --api-key)
+
+    def check(self) -> None:
+        if self.rate is not None and self.concurrency is not None:
+            raise UserError("give either --rate R (open loop) or --concurrency C (closed loop), not both")
+        if self.rate is not None and not self.rate > 0:
+            raise UserError(f"--rate {self.rate}: give a rate above 0 requests/s")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise UserError(f"--concurrency {self.concurrency}: give at least 1 client")
+        if not self.duration > 0:
+            raise UserError(f"--duration {self.duration}: give a duration above 0 s")
+        if self.payload not in PAYLOADS:
+            raise UserError(f"--payload {self.payload}: use one of {', '.join(PAYLOADS)}")
+
+
+# --------------------------------------------------------------------------------------- maths
+
+
+def poisson_schedule(rate: float, duration: float, seed: int = 0, limit: int = 100_000) -> np.ndarray:
+    """Send times (s from the start) of a Poisson process of `rate`/s over [0, duration): exponential
+    gaps with mean 1/rate from a seeded generator, so a run can be repeated exactly."""
+    rng = np.random.default_rng(seed)
+    expected = rate * duration
+    # Draw enough gaps in one call: mean + 6 sigma of a Poisson count covers all but ~1e-9 of runs.
+    count = min(int(expected + 6 * math.sqrt(expected) + 16), limit)
+    times = np.cumsum(rng.exponential(1.0 / rate, size=count))
+    return times[times < duration]
+
+
+def percentiles(latencies_ms: np.ndarray | list[float]) -> dict[str, float | None]:
+    """p50/p90/p99/p99.9 (numpy's linear interpolation) of the latencies; None when there are none."""
+    values = np.asarray(latencies_ms, dtype=float)
+    keys = [percentile_key(q) for q in PERCENTILES]
+    if values.size == 0:
+        return dict.fromkeys(keys)
+    return {key: round(float(v), 3) for key, v in zip(keys, np.percentile(values, PERCENTILES))}
+
+
+def percentile_key(q: float) -> str:
+    return f"p{q:g}".replace(".", "") + "_ms"  # 99.9 -> p999_ms
+
+
+# --------------------------------------------------------------------------------------- payloads
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One ready request body: JSON header + binary tensor data, and its headers."""
+
+    body: bytes
+    headers: dict[str, str]
+
+
+def bytes_tensor(items: list[bytes]) -> bytes:
+    """A BYTES tensor in the binary extension: each element as a 4-byte little-endian length + data."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def infer_body(input_name: str, datatype: str, shape: list[int], data: bytes,
+               output: str | None = None) -> Prepared:
+    """An infer request whose one input travels as binary data after the JSON header. Outputs are
+    asked for in binary too: 1000 float logits as JSON text would cost the client ~10x more to read."""
+    header: dict[str, Any] = {
+        "inputs": [{"name": input_name, "shape": shape, "datatype": datatype,
+                    "parameters": {"binary_data_size": len(data)}}],
+        "parameters": {"binary_data_output": True},
+    }
+    if output:
+        header["outputs"] = [{"name": output, "parameters": {"binary_data": True}}]
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return Prepared(text + data, {HEADER_LENGTH: str(len(text)), "Content-Type": "application/octet-stream"})
+
+
+def response_header(response: httpx.Response) -> dict[str, Any]:
+    """The JSON part of an infer response (binary extension or plain JSON)."""
+    length = response.headers.get(HEADER_LENGTH)
+    content = response.content[: int(length)] if length else response.content
+    return json.loads(content)
+
+
+def image_files(folders: list[Path]) -> list[Path]:
+    """Image files of --images, else the sample pictures beside the repository, else []."""
+    from inceptionlab.data.images import expand_image_paths
+
+    if folders:
+        files, errors = expand_image_paths(list(folders))
+        if errors:
+            where, message = errors[0]
+            raise UserError(f"--images {where}: {message}; pass a folder of JPEG/PNG files")
+        return files
+    sample = _sample_image_dir()
+    return expand_image_paths([sample])[0] if sample.is_dir() else []
+
+
+def _sample_image_dir() -> Path:
+    # The same pictures `export` checks parity on (INCEPTIONLAB_SAMPLE_IMAGES overrides); not imported
+    # from infer.export because that module loads torch (+2 s) and the client needs none of it.
+    return Path(os.environ.get("INCEPTIONLAB_SAMPLE_IMAGES", "../shared/data/imagenet-sample/images"))
+
+
+def generated_jpegs(count: int = GENERATED_COUNT, size: tuple[int, int] = GENERATED_SIZE,
+                    seed: int = 0) -> list[bytes]:
+    """Smooth random pictures saved as JPEG (quality 90): real decode work, no files needed."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    width, height = size
+    pictures = []
+    for _ in range(count):
+        # Low-frequency colour fields, upsampled: compress like photos, unlike white noise.
+        small = rng.integers(0, 256, size=(height // 25 + 1, width // 25 + 1, 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((width, height), Image.BILINEAR)
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=90)
+        pictures.append(buffer.getvalue())
+    return pictures
+
+
+def encoded_images(folders: list[Path]) -> list[bytes]:
+    files = image_files(folders)
+    if not files:
+        return generated_jpegs()
+    return [path.read_bytes() for path in files]
+
+
+def tensor_pictures(encoded: list[bytes], channels: int, height: int, width: int, dtype: Any) -> list[np.ndarray]:
+    """Pictures resized to the model's input (CHW), as the model's input datatype. UINT8 stays raw
+    pixels (the server normalises); float inputs get pixel / 255 (values do not change the timing)."""
+    from PIL import Image
+
+    arrays = []
+    for data in encoded:
+        image = Image.open(io.BytesIO(data)).convert("L" if channels == 1 else "RGB").resize((width, height))
+        pixels = np.asarray(image, dtype=np.uint8).reshape(height, width, channels).transpose(2, 0, 1)
+        if np.dtype(dtype).kind == "f":
+            arrays.append(np.ascontiguousarray(pixels, dtype=dtype) / np.asarray(255, dtype=dtype))
+        else:
+            arrays.append(np.ascontiguousarray(pixels.astype(dtype)))
+    return arrays
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+
+    def input_for(self, payload: str) -> dict[str, Any]:
+        """The input to send `payload` to. Encoded images go to a listed BYTES input, else to the one
+        image input (ours lists FP32 [-1, C, H, W] and also takes BYTES [N] and UINT8 there); tensors
+        go to the image input, whose shape fixes theirs."""
+        images = [i for i in self.inputs if len(i.get("shape", [])) in (3, 4)]
+        if payload == "image":
+            listed = [i for i in self.inputs if i.get("datatype") == "BYTES"]
+            if listed or len(images) == 1:
+                return (listed or images)[0]
+        elif images:
+            return images[0]
+        found = ", ".join(f"{i.get('name')} {i.get('datatype')} {i.get('shape')}" for i in self.inputs) or "none"
+        raise UserError(f"model {self.name}: no input to send --payload {payload} to (inputs: {found})")
+
+
+def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
+    """One request body per picture (batch 1 each: batching is the server's job). image: the file's
+    bytes as BYTES [1]; tensor: UINT8 [1, C, H, W] pixels (4x smaller than float; our server
+    normalises); fp32: FP32 pixels / 255 (what Triton serving the ONNX export takes)."""
+    spec = info.input_for(payload)
+    output = info.outputs[0]["name"] if info.outputs else None
+    if payload == "image":
+        return [infer_body(spec["name"], "BYTES", [1], bytes_tensor([data]), output) for data in encoded]
+    shape = [int(d) for d in spec.get("shape", [])]
+    if any(d < 1 for d in shape[-3:]):
+        raise UserError(f"model {info.name}: input {spec['name']} has shape {shape}; --payload {payload} needs "
+                        "[-1, C, H, W] with fixed C, H, W")
+    datatype = "UINT8" if payload == "tensor" else "FP32"
+    channels, height, width = shape[-3:]
+    request_shape = [1, channels, height, width] if len(shape) == 4 else [channels, height, width]
+    return [infer_body(spec["name"], datatype, request_shape, array.tobytes(), output)
+            for array in tensor_pictures(encoded, channels, height, width, NUMPY_DTYPES[datatype])]
+
+
+# --------------------------------------------------------------------------------------- server
+
+
+async def model_info(client: httpx.AsyncClient, url: str, model: str | None) -> ModelInfo:
+    """`GET /v2/models/{name}`; without a name, the one model in Triton's repository index."""
+    if model is None:
+        model = await _only_model(client, url)
+    try:
+        response = await client.get(f"{url}/v2/models/{model}")
+    except httpx.HTTPError as exc:
+        raise UserError(f"{url}: cannot reach the server ({type(exc).__name__}); is it running?") from None
+    if response.status_code == 401:
+        raise UserError(f"{url}/v2/models/{model}: HTTP 401; the server wants a key: pass --api-key KEY "
+                        "(or set INCEPTIONLAB_API_KEY)")
+    if response.status_code != 200:
+        raise UserError(f"{url}/v2/models/{model}: HTTP {response.status_code}; check --model NAME")
+    meta = response.json()
+    return ModelInfo(meta.get("name", model), meta.get("inputs", []), meta.get("outputs", []))
+
+
+async def _only_model(client: httpx.AsyncClient, url: str) -> str:
+    try:
+        response = await client.post(f"{url}/v2/repository/index", json={"ready": True})
+        names = [entry["name"] for entry in response.json()] if response.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        names = []
+    if len(names) != 1:
+        raise UserError(f"{url}: cannot tell which model to load (repository index: {names or 'unavailable'}); "
+                        "pass --model NAME")
+    return names[0]
+
+
+async def wait_ready(client: httpx.AsyncClient, url: str, timeout: float = 60.0) -> None:
+    """Poll `GET /v2/health/ready` every 0.2 s until 200, at most `timeout` s."""
+    deadline = time.perf_counter() + timeout
+    while True:
+        try:
+            if (await client.get(f"{url}/v2/health/ready")).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.perf_counter() > deadline:
+            raise UserError(f"{url}: not ready after {timeout:.0f} s (GET /v2/health/ready)")
+        await asyncio.sleep(0.2)
+
+
+# Counters read from /metrics, per server family. Times are cumulative; `scale` turns them into ms.
+# Ours are prometheus-client histograms (`_sum` in seconds, `_count`): queue and whole-request time
+# per request, compute time per executed batch. Triton's are microsecond counters summed over
+# requests (a batch's compute time counts once per request in it), divided by successful requests.
+METRIC_FAMILIES = {
+    "inceptionlab": {
+        "inferences": "inceptionlab_inferences_total", "executions": "inceptionlab_executions_total",
+        "queue": "inceptionlab_queue_seconds_sum", "queue_count": "inceptionlab_queue_seconds_count",
+        "compute": "inceptionlab_compute_seconds_sum", "compute_count": "inceptionlab_compute_seconds_count",
+        "request": "inceptionlab_request_seconds_sum", "request_count": "inceptionlab_request_seconds_count",
+        "scale": 1e3,
+    },
+    "triton": {
+        "inferences": "nv_inference_count", "executions": "nv_inference_exec_count",
+        "queue": "nv_inference_queue_duration_us", "queue_count": "nv_inference_request_success",
+        "compute": "nv_inference_compute_infer_duration_us", "compute_count": "nv_inference_request_success",
+        "request": "nv_inference_request_duration_us", "request_count": "nv_inference_request_success",
+        "scale": 1e-3,
+    },
+}
+
+
+def parse_metrics(text: str, model: str | None = None) -> dict[str, float]:
+    """Prometheus text -> {sample name: value summed over label sets}, keeping only samples of
+    `model` when they carry a model label (Triton and ours label per model)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):  # prometheus-client's series creation timestamps
+                continue
+            if model is not None and "model" in sample.labels and sample.labels["model"] != model:
+                continue
+            key = sample.name if not sample.labels.get("outcome") else f"{sample.name}{{outcome={sample.labels['outcome']}}}"
+            values[key] = values.get(key, 0.0) + float(sample.value)
+    return values
+
+
+def server_stats(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
+    """What the server saw during a measurement: average batch size and mean queue/compute ms per
+    request, from the difference of its counters. {} when it has no metrics we know. `request_ms`
+    (the whole request inside the server) minus queue and compute is parsing, decoding and encoding."""
+    if not before or not after:
+        return {}
+    for family, names in METRIC_FAMILIES.items():
+        if names["inferences"] not in after:
+            continue
+        delta = {key: after.get(name, 0.0) - before.get(name, 0.0)
+                 for key, name in names.items() if isinstance(name, str)}
+        stats: dict[str, Any] = {"metrics": family, "inferences": int(delta["inferences"]),
+                                 "executions": int(delta["executions"])}
+        stats["avg_batch"] = round(delta["inferences"] / delta["executions"], 3) if delta["executions"] > 0 else None
+        for part in ("queue", "compute", "request"):
+            count = delta[f"{part}_count"]
+            stats[f"{part}_ms"] = round(delta[part] * names["scale"] / count, 3) if count > 0 else None
+        stats["outcomes"] = _outcome_deltas(before, after)
+        return stats
+    return {}
+
+
+def _outcome_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    outcomes = {}
+    for key, value in after.items():
+        if "{outcome=" in key:
+            outcome = key.split("{outcome=", 1)[1].rstrip("}")
+            outcomes[outcome] = int(value - before.get(key, 0.0))
+    return outcomes
+
+
+async def scrape(client: httpx.AsyncClient, url: str, model: str | None) -> dict[str, float] | None:
+    """The server's counters now, or None when it has no readable /metrics."""
+    try:
+        response = await client.get(f"{url}/metrics")
+        if response.status_code != 200:
+            return None
+        return parse_metrics(response.text, model)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------------------- one request
+
+
+@dataclass
+class Record:
+    """One request: when it was due, sent and answered (s on the client's clock), and how it ended."""
+
+    scheduled: float
+    sent: float
+    done: float
+    outcome: str  # ok | rejected (503) | timeout | error
+    status: int | None = None
+
+    @property
+    def latency_ms(self) -> float:
+        return (self.done - self.scheduled) * 1e3
+
+
+async def send(client: httpx.AsyncClient, endpoint: str, request: Prepared, scheduled: float,
+               timeout: float) -> Record:
+    sent = time.perf_counter()
+    try:
+        response = await asyncio.wait_for(
+            client.post(endpoint, content=request.body, headers=request.headers), timeout)
+    except asyncio.TimeoutError:
+        return Record(scheduled, sent, time.perf_counter(), "timeout")
+    except (httpx.HTTPError, OSError):  # refused, reset, closed mid-answer: the server failed this one
+        return Record(scheduled, sent, time.perf_counter(), "error")
+    done = time.perf_counter()
+    status = response.status_code
+    outcome = "ok" if status == 200 else "rejected" if status == 503 else "error"
+    return Record(scheduled, sent, done, outcome, status)
+
+
+# --------------------------------------------------------------------------------------- loops
+
+
+async def open_loop(client: httpx.AsyncClient, endpoint: str, requests: list[Prepared], schedule: np.ndarray,
+                    timeout: float) -> tuple[list[Record], int, float]:
+    """Send request i at start + schedule[i] whatever happened to earlier ones; returns the records,
+    how many were not sent (in-flight cap) and the start time."""
+    start = time.perf_counter() + 0.01  # 10 ms to spare: the first request is not already late
+    pending: set[asyncio.Task[Record]] = set()
+    finished: list[Record] = []
+    not_sent = 0
+    for index, offset in enumerate(schedule):
+        due = start + float(offset)
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if len(pending) >= MAX_IN_FLIGHT:
+            not_sent += 1
+            continue
+        task = asyncio.create_task(send(client, endpoint, requests[index % len(requests)], due, timeout))
+        pending.add(task)
+        task.add_done_callback(lambda t: (pending.discard(t), finished.append(t.result())))
+    if pending:
+        await asyncio.wait(pending)  # each is bounded by `timeout`
+    return finished, not_sent, start
+
+
+async def closed_loop(client: httpx.AsyncClient, endpoint: str, requests: list[Prepared], concurrency: int,
+                      duration: float, timeout: float, limit: int) -> tuple[list[Record], float]:
+    """C clients send back to back until `duration` is over (or `limit` requests were sent)."""
+    start = time.perf_counter()
+    end = start + duration
+    records: list[Record] = []
+    counter = iter(range(limit))
+
+    async def client_loop() -> None:
+        for index in counter:
+            now = time.perf_counter()
+            if now >= end:
+                return
+            records.append(await send(client, endpoint, requests[index % len(requests)], now, timeout))
+
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return records, start
+
+
+# --------------------------------------------------------------------------------------- results
+
+
+def summarize(records: list[Record], start: float, duration: float, slo_ms: float, max_error_rate: float,
+              not_sent: int = 0) -> dict[str, Any]:
+    """Counts, rates and percentiles of one measurement. Achieved rate: successful responses over the
+    time from start to the last answer (at least `duration`): a server that falls behind finishes late."""
+    outcomes = {name: 0 for name in ("ok", "rejected", "timeout", "error")}
+    for record in records:
+        outcomes[record.outcome] += 1
+    ok_latency = np.array([r.latency_ms for r in records if r.outcome == "ok"])
+    lag = np.array([(r.sent - r.scheduled) * 1e3 for r in records])
+    window = max([duration] + [r.done - start for r in records])
+    attempted = len(records) + not_sent
+    failed = attempted - outcomes["ok"]
+    stats = percentiles(ok_latency)
+    row: dict[str, Any] = {
+        "sent": len(records), "not_sent": not_sent, **outcomes,
+        "error_rate": round(failed / attempted, 4) if attempted else None,
+        "offered_rate": round(attempted / duration, 3),
+        "achieved_rate": round(outcomes["ok"] / window, 3),
+        "mean_ms": round(float(ok_latency.mean()), 3) if ok_latency.size else None,
+        **stats,
+        "max_ms": round(float(ok_latency.max()), 3) if ok_latency.size else None,
+        "over_slo": int((ok_latency > slo_ms).sum()),  # successful but later than the SLO
+        # How late the client itself sent (event loop busy, pool exhausted): large values mean the
+        # client, not the server, limited the test.
+        "send_lag_p99_ms": round(float(np.percentile(lag, 99)), 3) if lag.size else None,
+        "slo_ms": slo_ms,
+    }
+    row["slo_met"] = bool(stats["p99_ms"] is not None and stats["p99_ms"] <= slo_ms
+                          and row["error_rate"] is not None and row["error_rate"] <= max_error_rate)
+    return row
+
+
+async def measure(client: httpx.AsyncClient, settings: LoadSettings, info: ModelInfo, requests: list[Prepared],
+                  rate: float | None = None, concurrency: int | None = None, seed: int | None = None) -> dict[str, Any]:
+    """One measurement (open loop at `rate` or closed loop with `concurrency`) with the server's metrics."""
+    endpoint = f"{settings.url}/v2/models/{info.name}/infer"
+    before = await scrape(client, settings.url, info.name)
+    duration = settings.duration
+    if rate is not None:
+        duration = max(duration, settings.min_requests / rate)
+        schedule = poisson_schedule(rate, duration, settings.seed if seed is None else seed, settings.max_requests)
+        records, not_sent, start = await open_loop(client, endpoint, requests, schedule, settings.timeout)
+        row = {"mode": "open", "rate": rate, "concurrency": None}
+    else:
+        assert concurrency is not None
+        records, start = await closed_loop(client, endpoint, requests, concurrency, settings.duration,
+                                           settings.timeout, settings.max_requests)
+        not_sent = 0
+        row = {"mode": "closed", "rate": None, "concurrency": concurrency}
+    after = await scrape(client, settings.url, info.name)
+    row.update(summarize(records, start, duration, settings.slo_ms, settings.max_error_rate, not_sent))
+    row.update({"duration_s": round(duration, 3), "payload": settings.payload, "model": info.name,
+                "server": server_stats(before, after), "loadavg_1min": _load_average()})
+    return row
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+# --------------------------------------------------------------------------------------- sweep
+
+
+def next_rate(history: list[tuple[float, bool]], factor: float, resolution: float) -> float | None:
+    """The rate to try after `history` (rate, held SLO) in order: multiply by `factor` while it holds,
+    then bisect between the highest rate that held and the lowest that failed until they are within
+    `resolution` (relative). None: done."""
+    held = [rate for rate, ok in history if ok]
+    failed = [rate for rate, ok in history if not ok]
+    if not failed:
+        return history[-1][0] * factor
+    high = min(failed)
+    if not held:  # even the first rate failed: step down, at most 3 times (start / 4 with factor 1.6)
+        return high / factor if high > history[0][0] / factor ** 3 * 1.0001 else None
+    low = max(held)
+    if high - low <= resolution * low:
+        return None
+    return math.sqrt(low * high)  # geometric middle: rates span orders of magnitude
+
+
+async def sweep_rates(measure_rate: Callable[[float], Awaitable[dict[str, Any]]], start: float,
+                      factor: float = 1.6, resolution: float = 0.1, max_steps: int = 12,
+                      on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> dict[str, Any]:
+    """Raise the offered rate until p99 exceeds the SLO, refine, and report the highest rate that held
+    it. `measure_rate(rate)` returns a row with `slo_met`; at most `max_steps` measurements."""
+    rows: list[dict[str, Any]] = []
+    history: list[tuple[float, bool]] = []
+    rate: float | None = start
+    while rate is not None and len(rows) < max_steps:
+        row = await measure_rate(rate)
+        rows.append(row)
+        on_row(row)
+        history.append((rate, bool(row["slo_met"])))
+        rate = next_rate(history, factor, resolution)
+    held = [r for r in rows if r["slo_met"]]
+    best = max(held, key=lambda r: r["rate"]) if held else None
+    return {"rows": rows, "best": best, "best_rate": best["rate"] if best else None,
+            "best_achieved_rate": best["achieved_rate"] if best else None, "complete": rate is None}
+
+
+# --------------------------------------------------------------------------------------- entry points
+
+
+@dataclass
+class Session:
+    """An open client, the model's metadata and the prepared request bodies."""
+
+    client: httpx.AsyncClient
+    info: ModelInfo
+    requests: list[Prepared]
+    step: int = -1
+
+
+async def open_session(settings: LoadSettings) -> Session:
+    limits = httpx.Limits(max_connections=settings.connections, max_keepalive_connections=settings.connections)
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(settings.timeout), headers=headers)
+    try:
+        info = await model_info(client, settings.url, settings.model)
+        requests = prepare_requests(info, settings.payload, encoded_images(settings.images))
+        await _warm_up(client, settings, info, requests)
+    except BaseException:
+        await client.aclose()
+        raise
+    return Session(client, info, requests)
+
+
+async def _warm_up(client: httpx.AsyncClient, settings: LoadSettings, info: ModelInfo,
+                   requests: list[Prepared]) -> None:
+    """Untimed requests first (connections, the server's first calls); a failing server stops here."""
+    endpoint = f"{settings.url}/v2/models/{info.name}/infer"
+    for index in range(settings.warmup):
+        record = await send(client, endpoint, requests[index % len(requests)], time.perf_counter(), settings.timeout)
+        if record.outcome == "error" or record.outcome == "timeout":
+            detail = await _error_detail(client, endpoint, requests[0])
+            hint = "; Triton serving an ONNX export takes tensors: try --payload fp32" if settings.payload == "image" else ""
+            raise UserError(f"{endpoint}: warm-up request failed ({record.status or record.outcome}){detail}{hint}")
+
+
+async def _error_detail(client: httpx.AsyncClient, endpoint: str, request: Prepared) -> str:
+    try:
+        response = await client.post(endpoint, content=request.body, headers=request.headers)
+        return f": {response.text.strip()}"[:300]
+    except Exception:  # only for the message: the failure itself is already known
+        return ""
+
+
+def _run(coroutine_factory: Callable[[Session], Awaitable[Any]], settings: LoadSettings) -> Any:
+    async def main() -> Any:
+        session = await open_session(settings)
+        try:
+            return await coroutine_factory(session)
+        finally:
+            await session.client.aclose()
+
+    return asyncio.run(main())
+
+
+def run_load(settings: LoadSettings) -> dict[str, Any]:
+    """One measurement at `settings.rate` (open loop) or `settings.concurrency` (closed loop)."""
+    settings.check()
+    if settings.rate is None and settings.concurrency is None:
+        raise UserError("give --rate R or --concurrency C (or --sweep)")
+    return _run(lambda s: measure(s.client, settings, s.info, s.requests, settings.rate, settings.concurrency),
+                settings)
+
+
+def run_sweep(settings: LoadSettings, start_rate: float | None = None, factor: float = 1.6,
+              resolution: float = 0.1, max_steps: int = 12,
+              on_row: Callable[[dict[str, Any]], None] = lambda row: None) -> dict[str, Any]:
+    """Open-loop measurements at rising rates until p99 > SLO; the highest rate that held it."""
+    settings.check()
+    if settings.concurrency is not None:
+        raise UserError("--sweep raises an open-loop rate; drop --concurrency")
+    start = start_rate or settings.rate or 1.0
+
+    async def sweep(session: Session) -> dict[str, Any]:
+        async def measure_rate(rate: float) -> dict[str, Any]:
+            step = session.step = session.step + 1  # a fresh Poisson draw per step
+            return await measure(session.client, settings, session.info, session.requests, rate=rate,
+                                 seed=settings.seed + step)
+
+        return await sweep_rates(measure_rate, start, factor, resolution, max_steps, on_row)
+
+    return _run(sweep, settings)
+
+
+def settings_dict(settings: LoadSettings) -> dict[str, Any]:
+    data = asdict(settings)
+    data["images"] = [str(p) for p in settings.images]
+    data["api_key"] = "***" if settings.api_key else None  # never written to results files
+    return data
