@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_data
+from helpers.cifar_writers import write_cifar10_batch
 from PIL import Image
 
 from inceptionlab.config import load_recipe
@@ -33,8 +34,6 @@ def run_summary(cli, *args):
 @pytest.fixture(scope="module")
 def cifar_root(tmp_path_factory):
     """Original-format pickle batches built from the 200 real CIFAR-10 PNGs and the real batches.meta."""
-    from inceptionlab.data.cifar10 import write_cifar10_batch
-
     source = shared_data("cifar-10")
     root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
     root.mkdir()
