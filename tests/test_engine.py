@@ -304,7 +304,7 @@ def test_aux_logits_loss_is_weighted_by_model_aux_loss_weight(image_folder):
     """Inception v3's aux head (kept when model.aux_loss_weight is set): loss == main + w * aux."""
     # init_weights=false: skip torchvision's truncated-normal init of 27M weights (values do not matter here).
     recipe = recipe_for(image_folder, "model.aux_loss_weight=0.3", "data.train_crop_size=299",
-                        "+model.kwargs.init_weights=false")
+                        "model.kwargs.init_weights=false")
     s = trainer.build_session(recipe)
     assert s.model.AuxLogits is not None and s.model.AuxLogits.fc.out_features == 3
     torch.manual_seed(0)
