@@ -112,7 +112,7 @@ def squares_run(_squares_run_once, tmp_path_factory) -> TrainedRun:
 
     Commands write into a run directory (exports/, bench/, eval/, plots/): a copy per module keeps
     one file's outputs from changing what another file sees. Checkpoints and TensorBoard events are
-    left out (~135 MB of resnet18 optimizer state); inference reads model.pt.
+    left out (171 MB: resnet18 weights + momentum, twice); inference reads model.pt.
     """
     source = _squares_run_once.run_dir
     copy = tmp_path_factory.mktemp("run_copy") / source.name
