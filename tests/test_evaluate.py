@@ -63,6 +63,7 @@ def tiny_imagenet(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # copies 14,405 real files, regroups val/, then trains Inception v3
 def test_finetune_recipe_on_real_tiny_imagenet_files(tiny_imagenet, tmp_path, cli):
     sets = ["model.weights=null", "data.train_crop_size=75", "data.val_resize_size=86", "data.val_crop_size=75",
             "data.num_workers=0", "data.max_train_samples=64", "data.max_val_samples=40", "train.batch_size=16",

@@ -139,6 +139,7 @@ def inception_run_with_aux(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow  # traces Inception v3 at 299 px to ONNX and checks parity
 def test_inception_exports_in_eval_mode_without_its_aux_head(inception_run_with_aux, cli):
     result = cli("export", inception_run_with_aux, "--json")
     assert result.code == 0, result.err
