@@ -83,6 +83,43 @@ FAST = [
 ]
 
 
+@dataclass(frozen=True)
+class TrainedRun:
+    run_dir: Path  # a finished run directory (model.pt, spec.json, summary.json, plots, ...)
+    data: Path  # the ImageFolder it was trained on: train/ and val/ with classes cat, dog, fox
+
+
+@pytest.fixture(scope="session")
+def _squares_run_once(tmp_path_factory) -> TrainedRun:
+    """resnet18 trained for 2 epochs on coloured squares at 75 px, once per test session.
+
+    The inference tests (predict, evaluate, export, bench, runtimes) need a real run directory
+    whose model has learnt something (int8 agreement needs clear margins); training it once instead
+    of once per file saves four trainings (~10 s each on 2 cores).
+    """
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.fit import fit
+
+    root = tmp_path_factory.mktemp("squares_run")
+    data = make_image_folder(root / "data")
+    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "model.name=resnet18"])
+    return TrainedRun(fit(recipe, root / "runs", progress=False).run_dir, data)
+
+
+@pytest.fixture(scope="module")
+def squares_run(_squares_run_once, tmp_path_factory) -> TrainedRun:
+    """A private copy of the session's trained run for each test module.
+
+    Commands write into a run directory (exports/, bench/, eval/, plots/): a copy per module keeps
+    one file's outputs from changing what another file sees. Checkpoints and TensorBoard events are
+    left out (171 MB: resnet18 weights + momentum, twice); inference reads model.pt.
+    """
+    source = _squares_run_once.run_dir
+    copy = tmp_path_factory.mktemp("run_copy") / source.name
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("checkpoints", "tb"))
+    return TrainedRun(copy, _squares_run_once.data)
+
+
 @pytest.fixture(scope="session")
 def inception_hub(tmp_path_factory):
     """A torch hub cache holding a file named like torchvision's Inception v3 ImageNet weights.
@@ -112,7 +149,9 @@ def cifar_root(tmp_path_factory):
     import numpy as np
     from PIL import Image
 
-    from inceptionlab.data.cifar10 import read_label_names, write_cifar10_batch
+    from helpers.cifar_writers import write_cifar10_batch
+
+    from inceptionlab.data.cifar10 import read_label_names
 
     source = shared_data("cifar-10")
     root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"

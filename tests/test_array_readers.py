@@ -22,15 +22,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_data
+from helpers.cifar_writers import write_cifar10_batch, write_cifar10_meta
 from PIL import Image
 
 from inceptionlab.data import cifar10, mnist_idx
-from inceptionlab.data.cifar10 import (
-    load_cifar10,
-    safe_extract_tar,
-    write_cifar10_batch,
-    write_cifar10_meta,
-)
+from inceptionlab.data.cifar10 import load_cifar10, safe_extract_tar
 from inceptionlab.data.download import DownloadError
 from inceptionlab.data.mnist_idx import load_idx_split, read_idx
 from inceptionlab.errors import UserError

@@ -1,16 +1,25 @@
-"""The training engine end to end on tiny data: run directory, resume, stop, NaN, early stop, options."""
+"""The training engine end to end on tiny data: run directory, resume, stop, NaN, early stop, options.
+
+Only the tests about Inception v3 itself train it; the engine's behaviour is the same for every
+model, so the rest train the guide's small CIFAR-10 CNN at 32 px (~30x fewer FLOPs than Inception
+at 75 px).
+"""
 
 from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import FAST, make_image_folder
+from torch import nn
+from torch.nn import functional as F
 
 from inceptionlab.checkpoint import load_checkpoint
 from inceptionlab.config import load_recipe
+from inceptionlab.engine import fit as engine_fit
 from inceptionlab.engine import session as engine_session
 from inceptionlab.engine.fit import StopSignal, fit
 from inceptionlab.errors import UserError
@@ -21,6 +30,11 @@ SMALL_CNN = ["model.name=cifar10_cnn", "data.train_crop_size=32", "data.val_resi
 
 def recipe_for(data, *extra):
     return load_recipe(RECIPE, [*FAST, f"data.root={data}", *extra])
+
+
+def small_recipe_for(data, *extra):
+    """The same recipe with the small CNN in place of Inception v3."""
+    return recipe_for(data, *SMALL_CNN, *extra)
 
 
 def state_of(path):
@@ -57,7 +71,7 @@ def test_val_loss_is_sample_weighted(tmp_path):
     """7 val images in batches of 2 (the last batch holds 1): the mean must weight by images, not batches."""
     data = make_image_folder(tmp_path / "d", train_per_class=2, val_per_class=2)
     (data / "val" / "fox" / "fox_1.png").unlink()  # 5 val images -> batches of 2, 2, 1
-    recipe = recipe_for(data, "train.epochs=1", "train.eval_batch_size=2", "model.name=resnet18")
+    recipe = small_recipe_for(data, "train.epochs=1", "train.eval_batch_size=2")
     outcome = fit(recipe, tmp_path / "runs", progress=False)
     from inceptionlab.models.registry import load_run_model
 
@@ -74,7 +88,7 @@ def test_val_loss_is_sample_weighted(tmp_path):
 
 
 def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, tmp_path, capsys):
-    straight = fit(recipe_for(image_folder), tmp_path / "a", progress=False)
+    straight = fit(small_recipe_for(image_folder), tmp_path / "a", progress=False)
 
     stop = StopSignal()
 
@@ -89,14 +103,14 @@ def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, t
             stop_epoch[0] += 1
         request_stop_at(step, loss)
 
-    stopped = fit(recipe_for(image_folder), tmp_path / "b", progress=False, stop=stop, on_log=track)
+    stopped = fit(small_recipe_for(image_folder), tmp_path / "b", progress=False, stop=stop, on_log=track)
     assert stopped.status == "interrupted"
     ckpt = load_checkpoint(stopped.run_dir / "checkpoints" / "last.pt")
     assert (ckpt["epoch"], ckpt["step_in_epoch"]) == (1, 2)
     assert not (stopped.run_dir / "model.pt").exists()
 
     capsys.readouterr()
-    resumed = fit(recipe_for(image_folder), tmp_path / "b", stopped.run_dir, progress=False)
+    resumed = fit(small_recipe_for(image_folder), tmp_path / "b", stopped.run_dir, progress=False)
     assert resumed.status == "completed" and resumed.run_dir == stopped.run_dir
     log = capsys.readouterr().out
     assert "epoch 2/2 step 3/5" in log and "epoch 2/2 step 5/5" in log and "step 6/" not in log
@@ -110,7 +124,7 @@ def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, t
 
 def test_resume_at_epoch_boundary_via_cli(image_folder, tmp_path, cli):
     common = ["--data", image_folder, "--out", tmp_path / "runs", "--no-progress"]
-    sets = [x for item in FAST for x in ("--set", item)]
+    sets = [x for item in [*FAST, *SMALL_CNN] for x in ("--set", item)]
     first = cli("train", RECIPE, *common, *sets, "--set", "train.epochs=1", "--json")
     assert first.code == 0, first.err
     run_dir = json.loads(first.out.strip().splitlines()[-1])["run_dir"]
@@ -138,7 +152,7 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_last_good_checkpoint(imag
 
     monkeypatch.setattr(engine_session, "make_task", poisoned)
     with pytest.raises(UserError) as err:
-        fit(recipe_for(image_folder), tmp_path / "runs", progress=False)
+        fit(small_recipe_for(image_folder), tmp_path / "runs", progress=False)
     assert "diverged" in str(err.value) and "nan" in str(err.value) and err.value.exit_code == 3
     run = next((tmp_path / "runs").glob("*/*/*"))
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
@@ -148,8 +162,8 @@ def test_nan_loss_stops_with_a_clear_message_and_keeps_last_good_checkpoint(imag
 
 
 def test_early_stopping(image_folder, tmp_path):
-    recipe = recipe_for(image_folder, "train.epochs=5", "train.early_stop_patience=1",
-                        "train.early_stop_min_delta=10.0", "model.name=resnet18", "data.max_train_samples=8")
+    recipe = small_recipe_for(image_folder, "train.epochs=5", "train.early_stop_patience=1",
+                              "train.early_stop_min_delta=10.0", "data.max_train_samples=8")
     outcome = fit(recipe, tmp_path / "runs", progress=False)
     assert outcome.status == "early_stopped" and outcome.summary["epochs_done"] == 2
     assert outcome.summary["best"]["epoch"] == 1
@@ -159,55 +173,167 @@ def test_training_learns_the_tiny_task(tmp_path):
     data = make_image_folder(tmp_path / "d", train_per_class=12, val_per_class=4)
     # The BN-free small CNN: batch-norm statistics from 72 images in batches of 6 made resnet18's
     # validation score a coin toss; this checks that the engine learns, not BN.
-    recipe = recipe_for(data, *SMALL_CNN, "train.epochs=8", "train.batch_size=6", "optim.name=adamw",
+    recipe = small_recipe_for(data, "train.epochs=8", "train.batch_size=6", "optim.name=adamw",
                         "optim.lr=0.003", "optim.weight_decay=0.0", "data.train_crop_scale=[0.5,1.0]")
     outcome = fit(recipe, tmp_path / "runs", progress=False)
     assert outcome.summary["best"]["top1"] >= 0.9  # chance is 1/3; seeds 0, 1, 2 all reach 1.0
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        ["train.precision=bf16", "train.channels_last=true"],
-        ["train.precision=fp16"],
-        ["optim.name=adamw", "optim.lr=0.001", "schedule.name=cosine", "schedule.warmup_epochs=1",
-         "train.label_smoothing=0.1", "train.grad_clip_norm=1.0", "train.deterministic=true"],
-    ],
-    ids=["bf16-channels_last", "fp16-gradscaler", "adamw-cosine-warmup-smoothing-clip-deterministic"],
-)
-def test_training_options_run(image_folder, tmp_path, settings):
-    # A small CNN: each option's code path is the same for every model; Inception's 94 conv shapes
-    # only add oneDNN kernel-creation time (and CPU fp16 kernels are slow) here.
-    recipe = recipe_for(image_folder, "train.epochs=1", *SMALL_CNN, *settings)
-    outcome = fit(recipe, tmp_path / "runs", progress=False)
-    assert outcome.status == "completed"
-    assert torch.isfinite(torch.tensor(outcome.summary["last"]["loss"]))
+@pytest.fixture
+def built(monkeypatch):
+    """The Session that `fit` builds, kept for inspection, plus what its training steps did.
+
+    `dtypes`: the output dtypes of every Conv2d/Linear in training forwards (autocast's effect);
+    `conv_inputs_channels_last`: whether each training input reached the first conv as NHWC;
+    `scaled`: loss.scale(loss) / loss per step (the GradScaler's factor).
+    """
+    seen = SimpleNamespace(session=None, dtypes=set(), conv_inputs_channels_last=set(), scaled=[])
+    real_build = engine_fit.build_session
+
+    def record_dtype(module, inputs, output):
+        if module.training:
+            seen.dtypes.add(output.dtype)
+
+    def record_layout(module, inputs):
+        if module.training:
+            seen.conv_inputs_channels_last.add(inputs[0].is_contiguous(memory_format=torch.channels_last))
+
+    def build(recipe):
+        s = real_build(recipe)
+        seen.session = s
+        if not recipe.train.compile:  # hooks would be traced into the compiled graph
+            for module in s.model.modules():
+                if isinstance(module, (nn.Conv2d, nn.Linear)):
+                    module.register_forward_hook(record_dtype)
+            next(m for m in s.model.modules() if isinstance(m, nn.Conv2d)).register_forward_pre_hook(record_layout)
+        real_scale = s.scaler.scale
+
+        def scale(loss):
+            scaled = real_scale(loss)
+            seen.scaled.append(float(scaled.detach()) / float(loss.detach()))
+            return scaled
+
+        s.scaler.scale = scale
+        return s
+
+    monkeypatch.setattr(engine_fit, "build_session", build)
+    return seen
 
 
-def test_compile_option_runs(image_folder, tmp_path):
-    recipe = recipe_for(image_folder, "train.epochs=1", "train.compile=true", *SMALL_CNN,
-                        "data.max_train_samples=8", "data.max_val_samples=4")
+def convs(model):
+    return [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+
+
+@pytest.fixture
+def restore_determinism():
+    """train.deterministic switches PyTorch's process-wide flag on: switch it back for later tests."""
+    before = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def test_bf16_and_channels_last_take_effect(image_folder, tmp_path, built):
+    recipe = small_recipe_for(image_folder, "train.epochs=1", "train.precision=bf16", "train.channels_last=true")
+    assert fit(recipe, tmp_path / "runs", progress=False).status == "completed"
+    s = built.session
+    assert built.dtypes == {torch.bfloat16}  # every conv and linear ran under bf16 autocast
+    assert all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs(s.model))
+    assert not any(c.weight.is_contiguous() for c in convs(s.model))  # NHWC, not NCHW
+    assert built.conv_inputs_channels_last == {True}  # inputs prepared as NHWC too
+    assert built.scaled == [1.0] * 5  # no GradScaler for bf16 (18 images, batches of 4: 5 steps)
+
+
+def test_fp16_uses_the_grad_scaler(image_folder, tmp_path, built):
+    recipe = small_recipe_for(image_folder, "train.epochs=1", "train.precision=fp16")
+    assert fit(recipe, tmp_path / "runs", progress=False).status == "completed"
+    assert built.dtypes == {torch.float16}
+    assert built.session.scaler.is_enabled()
+    # The loss is multiplied by GradScaler's initial 2**16 before backward (halved only after an inf step).
+    assert len(built.scaled) == 5 and built.scaled[0] == 2.0**16 and all(f >= 2.0**10 for f in built.scaled)
+
+
+def test_adamw_cosine_warmup_smoothing_clip_and_determinism_take_effect(image_folder, tmp_path, built, monkeypatch,
+                                                                         restore_determinism):
+    clips = []  # (norm before, norm after) per step
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def clip(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        before = real_clip(parameters, max_norm, *args, **kwargs)
+        after = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters]))
+        clips.append((float(before), float(after)))
+        return before
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
+    torch.use_deterministic_algorithms(False)
+    recipe = small_recipe_for(image_folder, "train.epochs=2", "optim.name=adamw", "optim.lr=0.001",
+                              "schedule.name=cosine", "schedule.warmup_epochs=1", "train.label_smoothing=0.1",
+                              "train.grad_clip_norm=0.05", "train.deterministic=true")
     outcome = fit(recipe, tmp_path / "runs", progress=False)
     assert outcome.status == "completed"
+    s = built.session
+    assert isinstance(s.optimizer, torch.optim.AdamW)
+    # Warm-up epoch at warmup_start_factor (0.1) x lr, then cosine over the 1 remaining epoch from lr.
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["lr"] for r in rows] == pytest.approx([1e-4, 1e-3], rel=1e-9)
+    # Label smoothing: a confident, correct prediction still costs something (plain cross-entropy: ~0).
+    targets = torch.tensor([0, 1, 2])
+    perfect = 50.0 * F.one_hot(targets, 3).float()
+    assert float(s.task.loss(perfect, targets)) > 1.0 and float(F.cross_entropy(perfect, targets)) < 1e-6
+    # Clipping: every step clipped the global gradient norm to 0.05, and there was something to clip.
+    assert len(clips) == 10  # 2 epochs x 5 steps
+    assert all(after <= 0.05 * (1 + 1e-4) for _, after in clips)
+    assert max(before for before, _ in clips) > 0.05
+    assert torch.are_deterministic_algorithms_enabled()
+    assert built.dtypes == {torch.float32} and built.scaled == [1.0] * 10  # fp32: no autocast, no scaler
+    assert built.conv_inputs_channels_last == {False}
+    assert all(c.weight.is_contiguous() for c in convs(s.model))  # default NCHW
+
+
+@pytest.mark.slow  # Inductor compiles the forward, backward and eval graphs on 2 cores
+def test_compile_option_trains_through_the_compiled_module(image_folder, tmp_path, built):
+    recipe = small_recipe_for(image_folder, "train.epochs=1", "train.compile=true",
+                              "data.max_train_samples=8", "data.max_val_samples=4")
+    outcome = fit(recipe, tmp_path / "runs", progress=False)
+    assert outcome.status == "completed"
+    s = built.session
+    assert isinstance(s.runner, torch._dynamo.eval_frame.OptimizedModule) and s.runner._orig_mod is s.model
     assert "0.weight" in state_of(outcome.run_dir / "model.pt")  # saved from the plain module, no _orig_mod.
+
+
+def test_aux_logits_loss_is_weighted_by_model_aux_loss_weight(image_folder):
+    """Inception v3's aux head (kept when model.aux_loss_weight is set): loss == main + w * aux."""
+    # init_weights=false: skip torchvision's truncated-normal init of 27M weights (values do not matter here).
+    recipe = recipe_for(image_folder, "model.aux_loss_weight=0.3", "data.train_crop_size=299",
+                        "model.kwargs.init_weights=false")
+    s = engine_session.build_session(recipe)
+    assert s.model.AuxLogits is not None and s.model.AuxLogits.fc.out_features == 3
+    torch.manual_seed(0)
+    images, targets = torch.rand(2, 3, 299, 299), torch.tensor([0, 2])  # the aux head needs 299 px
+    with torch.no_grad():
+        output = s.model.train()(s.settings.prepare((images * 255).to(torch.uint8)))
+    main = F.cross_entropy(output.logits, targets)
+    aux = F.cross_entropy(output.aux_logits, targets)
+    assert float(s.task.loss(output, targets)) == pytest.approx(float(main + 0.3 * aux), rel=1e-6)
+    assert abs(float(aux - main)) > 1e-3  # the two heads differ, so the weight is really tested
 
 
 def test_empty_class_folder_is_an_error(image_folder, tmp_path):
     (image_folder / "train" / "empty").mkdir()
     with pytest.raises(UserError, match="empty.*no images"):
-        fit(recipe_for(image_folder), tmp_path / "runs", progress=False)
+        fit(small_recipe_for(image_folder), tmp_path / "runs", progress=False)
 
 
 def test_train_val_class_mismatch_is_an_error(image_folder, tmp_path):
     shutil.rmtree(image_folder / "val" / "fox")
     with pytest.raises(UserError, match="only in train: fox"):
-        fit(recipe_for(image_folder), tmp_path / "runs", progress=False)
+        fit(small_recipe_for(image_folder), tmp_path / "runs", progress=False)
 
 
 def test_corrupt_and_non_image_files_are_skipped_and_reported(image_folder, tmp_path, capsys):
     (image_folder / "train" / "cat" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     (image_folder / "train" / "dog" / "notes.txt").write_text("not an image")
-    outcome = fit(recipe_for(image_folder, "train.epochs=1"), tmp_path / "runs", progress=False)
+    outcome = fit(small_recipe_for(image_folder, "train.epochs=1"), tmp_path / "runs", progress=False)
     out = capsys.readouterr().out
     assert outcome.status == "completed"
     assert any(p.endswith("broken.jpg") for p in outcome.summary["skipped_files"])

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 import torchvision
-from conftest import FAST, shared_data
+from conftest import shared_data
 
-from inceptionlab.config import load_recipe
 from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
-from inceptionlab.engine.fit import fit
 from inceptionlab.models.registry import cached_weights_file
 
 
 @pytest.fixture(scope="module")
-def run_and_data(tmp_path_factory):
-    from conftest import make_image_folder
-
-    root = tmp_path_factory.mktemp("evaluate")
-    data = make_image_folder(root / "data")
-    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "model.name=resnet18"])
-    return fit(recipe, root / "runs", progress=False).run_dir, data
+def run_and_data(squares_run):
+    return squares_run.run_dir, squares_run.data
 
 
 def test_evaluate_json_has_the_promised_keys(run_and_data, cli):
@@ -35,7 +29,9 @@ def test_evaluate_json_has_the_promised_keys(run_and_data, cli):
     assert 0 <= report["top1"] <= report["top5"] <= 1
     assert set(report["per_class"]) == {"cat", "dog", "fox"} and report["samples"] == 9
     for key in ("confusion_csv", "confusion_png", "json"):
-        assert (run_dir / "eval").exists() and report["files"][key]
+        written = Path(report["files"][key])
+        assert written.is_relative_to(run_dir / "eval") and written.is_file() and written.stat().st_size > 0, key
+    assert json.loads(Path(report["files"]["json"]).read_text())["top1"] == report["top1"]
     rows = (run_dir / "eval" / "confusion.csv").read_text().splitlines()
     assert rows[0].split(",")[1:] == ["cat", "dog", "fox"]
     assert sum(int(v) for row in rows[1:] for v in row.split(",")[1:]) == 9
@@ -67,6 +63,7 @@ def tiny_imagenet(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # copies 14,405 real files, regroups val/, then trains Inception v3
 def test_finetune_recipe_on_real_tiny_imagenet_files(tiny_imagenet, tmp_path, cli):
     sets = ["model.weights=null", "data.train_crop_size=75", "data.val_resize_size=86", "data.val_crop_size=75",
             "data.num_workers=0", "data.max_train_samples=64", "data.max_val_samples=40", "train.batch_size=16",
@@ -79,7 +76,10 @@ def test_finetune_recipe_on_real_tiny_imagenet_files(tiny_imagenet, tmp_path, cl
     assert spec["num_classes"] == 200 and spec["class_names"][0] == "n01443537"
     assert spec["class_labels"][0] == "goldfish"  # human names from words.txt
     assert len(summary["last"]["per_class"]) == 200
-    assert (tmp_path / "runs").exists()
+    run = Path(summary["run_dir"])
+    assert run.parent == tmp_path / "runs" / "inception_v3" / "tiny_imagenet"
+    weights = torch.load(run / "model.pt", map_location="cpu", weights_only=True)
+    assert weights["fc.weight"].shape == (200, 2048)  # num_classes: null follows the data (200)
 
 
 def test_unprepared_tiny_imagenet_says_what_to_run(tmp_path, cli):

@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import FAST, make_image_folder
 
-from inceptionlab.config import load_recipe
-from inceptionlab.engine.fit import fit
 from inceptionlab.errors import UserError
 from inceptionlab.models.spec import ModelSpec
 
@@ -21,12 +18,9 @@ ort = pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
-def small_run(tmp_path_factory):
-    """resnet18 trained one epoch on coloured squares at 75 px: a real run directory, fast to export."""
-    root = tmp_path_factory.mktemp("export")
-    data = make_image_folder(root / "data")
-    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "train.epochs=1", "model.name=resnet18"])
-    return fit(recipe, root / "runs", progress=False).run_dir
+def small_run(squares_run):
+    """resnet18 trained on coloured squares at 75 px: a real run directory, fast to export."""
+    return squares_run.run_dir
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +139,7 @@ def inception_run_with_aux(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow  # traces Inception v3 at 299 px to ONNX and checks parity
 def test_inception_exports_in_eval_mode_without_its_aux_head(inception_run_with_aux, cli):
     result = cli("export", inception_run_with_aux, "--json")
     assert result.code == 0, result.err

@@ -8,21 +8,13 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import FAST, shared_data
+from conftest import shared_data
 from PIL import Image
-
-from inceptionlab.config import load_recipe
-from inceptionlab.engine.fit import fit
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    from conftest import make_image_folder
-
-    root = tmp_path_factory.mktemp("predict")
-    data = make_image_folder(root / "data")
-    recipe = load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", "train.epochs=1", "model.name=resnet18"])
-    return fit(recipe, root / "runs", progress=False).run_dir, data
+def trained_run(squares_run):
+    return squares_run.run_dir, squares_run.data
 
 
 def parse_lines(out: str) -> list[dict]:

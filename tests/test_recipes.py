@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from inceptionlab.config import RECIPES_DIR, list_recipes, load_recipe
+from inceptionlab.data.readers import ARRAY_READERS, READERS
+from inceptionlab.engine.optim import build_optimizer, build_scheduler
+from inceptionlab.engine.task import TASKS, main_logits, make_task
 from inceptionlab.errors import UserError
+from inceptionlab.models.registry import available_models, build_model
 
 ALL_RECIPES = sorted(p.relative_to(RECIPES_DIR).with_suffix("").as_posix() for p in RECIPES_DIR.rglob("*.yaml"))
 
@@ -133,3 +138,34 @@ def test_a_built_wheel_ships_every_recipe(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     shipped = {n.split("inceptionlab/recipes/", 1)[1] for n in zipfile.ZipFile(wheel).namelist() if "/recipes/" in n}
     assert shipped == {f"{name}.yaml" for name in ALL_RECIPES}
+
+
+# Readers whose samples are token ids (a model input of shape (batch, sequence_length)), not images.
+TOKEN_READERS = {"imdb"}
+
+
+def example_input(recipe) -> torch.Tensor:
+    """One sample of what the recipe's reader feeds the model, without reading any data."""
+    data = recipe.data
+    if data.reader in TOKEN_READERS:
+        return torch.randint(0, data.text.max_tokens + 1, (1, data.text.sequence_length))
+    return torch.rand(1, len(data.mean), data.val_crop_size, data.val_crop_size)  # one channel per mean value
+
+
+@pytest.mark.parametrize("name", ALL_RECIPES)
+def test_every_recipe_resolves_against_the_registry_and_readers(name):
+    """Like litgpt's config hub test: each shipped recipe names things that exist and fit together."""
+    recipe = load_recipe(name)
+    assert recipe.model.name in available_models()
+    assert recipe.data.reader in {*READERS, *ARRAY_READERS}
+    assert recipe.task in TASKS
+    classes = recipe.model.num_classes or (2 if recipe.task == "binary" else 3)
+    # No weights and no data: the architecture with the recipe's own builder arguments.
+    built = build_model(recipe.model.name, classes, None, recipe.model.aux_loss_weight, **recipe.model.kwargs)
+    with torch.no_grad():
+        logits = main_logits(built.model.eval()(example_input(recipe)))
+    assert logits.shape == (1, 1 if recipe.task == "binary" else classes)
+    task = make_task(recipe.task, classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
+    assert torch.isfinite(task.loss(logits, torch.tensor([1])))
+    optimizer = build_optimizer(built.model.parameters(), recipe.optim)
+    build_scheduler(optimizer, recipe.schedule, recipe.train.epochs)
