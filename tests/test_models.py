@@ -150,3 +150,21 @@ def test_unknown_model_is_a_clear_error():
     with pytest.raises(UserError, match="unknown model"):
         build_model("inception_v9", num_classes=3)
     assert "inception_v3" in available_models()
+
+
+def test_register_model_adds_a_builder_with_its_preprocessing(monkeypatch):
+    from torch import nn
+
+    from inceptionlab.models import registry
+
+    monkeypatch.setattr(registry, "_OWN_MODELS", dict(registry._OWN_MODELS))
+    monkeypatch.setattr(registry, "_OWN_PREPROCESSING", dict(registry._OWN_PREPROCESSING))
+    wanted = registry.Preprocessing(72, 64, "bilinear", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+
+    @registry.register_model("my_net", wanted)
+    def my_net(num_classes: int = 10) -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 64 * 64, num_classes))
+
+    assert "my_net" in registry.available_models()
+    assert registry.model_preprocessing("my_net") == wanted
+    assert registry.build_model("my_net", 4).model[1].out_features == 4

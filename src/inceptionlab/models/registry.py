@@ -46,6 +46,17 @@ _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
 _AUX_HEAD_ATTRS = ("AuxLogits", "aux1", "aux2")
 
 
+def register_model(name: str, preprocessing: Preprocessing | None) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
+    """Add your own builder (with the preprocessing recipes fall back to; None: it takes no images)."""
+
+    def add(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        _OWN_MODELS[name] = builder
+        _OWN_PREPROCESSING[name] = preprocessing
+        return builder
+
+    return add
+
+
 def available_models() -> list[str]:
     models = _tv_models()
     return sorted(set(models.list_models(module=models)) | set(_OWN_MODELS))
