@@ -94,7 +94,7 @@ def _current_user_groups() -> frozenset[str]:
     # os.getgroups() is the *process's* groups: after `usermod -aG render` they only appear
     # after a new login, which is exactly the state we want to diagnose.
     try:
-        import grp
+        import grp  # POSIX only
     except ImportError:  # not POSIX
         return frozenset()
     names = set()

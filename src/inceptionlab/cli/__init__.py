@@ -1,5 +1,8 @@
 """Command-line interface: a thin skin over the library, one module per command group.
 
+Each command imports what it runs inside its function, so `inceptionlab --help` starts in ~0.2 s
+instead of importing torch, torchvision and ONNX (~3.5 s) for every call.
+
 Every command turns `UserError` into a one-line `error: ...` on stderr and a non-zero exit,
 never a traceback.
 """

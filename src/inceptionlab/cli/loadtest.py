@@ -68,6 +68,8 @@ def loadtest(
         import prometheus_client  # noqa: F401
     except ImportError:
         raise UserError("the load generator needs httpx and prometheus-client: pip install 'inceptionlab[loadtest]'") from None
+    import os
+
     from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep, settings_dict
     from inceptionlab.serve.loadtest_report import (
         append_jsonl,
@@ -77,8 +79,6 @@ def loadtest(
         records,
         redacted,
     )
-
-    import os
 
     settings = LoadSettings(url.rstrip("/"), model=model, rate=rate, concurrency=concurrency, duration=duration,
                             min_requests=min_requests, payload=payload, images=list(images), slo_ms=slo_ms,

@@ -12,7 +12,6 @@ from inceptionlab.cli import options
 from inceptionlab.errors import UserError
 
 
-
 def predict(
     inputs: List[Path] = typer.Argument(None, help="Image files and/or folders of images."),
     text: List[str] = typer.Option([], "--text", help="A text to classify with a text run (repeatable)."),
@@ -64,8 +63,8 @@ def predict(
 
 
 def _predict_texts(run: Optional[Path], texts: List[str], files: List[Path], device: str, as_json: bool) -> None:
-    from inceptionlab.runtime import resolve_device
     from inceptionlab.infer.text import TextPredictor, read_text_inputs
+    from inceptionlab.runtime import resolve_device
 
     if run is None:
         raise UserError("--text needs --run RUN_DIR of a text model (e.g. one trained with imdb/text_classifier)")

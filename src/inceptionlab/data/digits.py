@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from inceptionlab.errors import UserError
+from PIL import Image
 
 SPLITS = ("train", "val", "test")
 # 70% train, 20% val, 10% test (never seen in training: the demo predicts these).
@@ -23,7 +24,7 @@ _SEED = 0
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     try:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # optional extra (demo): scikit-learn ships the digits
     except ImportError:
         raise UserError("the demo dataset needs scikit-learn: pip install 'inceptionlab[demo]'") from None
     digits = load_digits()
@@ -46,8 +47,6 @@ def split_indices(targets: np.ndarray) -> dict[str, list[int]]:
 
 
 def _write_split(folder: Path, images: np.ndarray, targets: np.ndarray, indices: list[int]) -> None:
-    from PIL import Image
-
     for i in indices:
         class_dir = folder / str(int(targets[i]))
         class_dir.mkdir(parents=True, exist_ok=True)

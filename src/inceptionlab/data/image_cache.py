@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from inceptionlab.fileio import atomic_torch_save, atomic_write_json
 from inceptionlab.data.images import ImageReadError, load_rgb
+from inceptionlab.fileio import atomic_torch_save, atomic_write_json
+from PIL import Image
 
 CACHE_VERSION = 1
 CACHE_DIRNAME = ".inceptionlab-cache"
@@ -105,6 +106,7 @@ class _DecodeFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> torch.Tensor | None:
+        # torchvision: ~1.3 s at import, needed only while a cache is built
         from torchvision.transforms.v2.functional import pil_to_tensor
 
         try:
@@ -145,8 +147,6 @@ def decode_split(samples: list[tuple[str, int]], cache_size: int, num_workers: i
 
 def estimated_bytes(samples: list[tuple[str, int]], split_root: Path, cache_size: int) -> int:
     """Bytes of the split's cache, from the largest of ~32 evenly spaced image headers (no decoding)."""
-    from PIL import Image
-
     if not samples:
         return 0
     step = max(1, len(samples) // HEADER_SAMPLE)

@@ -16,8 +16,8 @@ from typing import Any
 
 from torchvision.datasets import ImageFolder
 
-from inceptionlab.data.splits import SplitPair
 from inceptionlab.data.images import IMAGE_EXTENSIONS, ImageReadError, load_rgb
+from inceptionlab.data.splits import SplitPair
 from inceptionlab.errors import UserError
 
 

@@ -17,7 +17,6 @@ from inceptionlab.data.image_loader import resident_image_loader
 from inceptionlab.data.sampling import EpochSampler, default_num_workers
 from inceptionlab.data.splits import collate_skipping_unreadable
 
-
 # data.loader choices, as make_loader reads them: auto = resident for in-memory splits, workers otherwise.
 LOADERS = ("auto", "resident", "workers")
 

@@ -14,7 +14,13 @@ import torch
 
 from inceptionlab.config import DataConfig
 from inceptionlab.data.arrays import ArraySplit
+from inceptionlab.data.cifar10 import load_cifar10
+from inceptionlab.data.digits import ensure_digits_imagefolder
+from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
+from inceptionlab.data.mnist_idx import load_idx_split
 from inceptionlab.data.splits import SplitPair
+from inceptionlab.data.text import TextVectorizer
+from inceptionlab.data.tiny_imagenet import read_class_names
 from inceptionlab.errors import UserError
 
 
@@ -37,15 +43,11 @@ def _tiny_imagenet_root(cfg: DataConfig) -> Path:
 
 
 def _tiny_imagenet_labels(root: Path, class_names: list[str]) -> list[str]:
-    from inceptionlab.data.tiny_imagenet import read_class_names
-
     names = read_class_names(root)
     return [names.get(wnid, wnid) for wnid in class_names]
 
 
 def _digits_root(cfg: DataConfig) -> Path:
-    from inceptionlab.data.digits import ensure_digits_imagefolder
-
     return ensure_digits_imagefolder(_data_root(cfg))
 
 
@@ -76,7 +78,7 @@ def read_splits(cfg: DataConfig) -> SplitPair:
         return ARRAY_READERS[cfg.reader](cfg)
     # Image folders decode files per sample through torchvision transforms (imported only here).
     from inceptionlab.data.imagefolder import image_folder_splits
-    from inceptionlab.data.transforms import train_transform
+    from inceptionlab.data.transforms import train_transform  # torchvision (~1.3 s): image folders only
     from inceptionlab.models.spec import eval_transform
 
     train_tf = train_transform(cfg)
@@ -101,7 +103,7 @@ def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -
         if (split or "val") not in chosen:
             raise UserError(f"--split {split!r}: {cfg.reader} has the splits train, val, test")
         return chosen[split or "val"]
-    from inceptionlab.data.imagefolder import RobustImageFolder
+    from inceptionlab.data.imagefolder import RobustImageFolder  # torchvision (~1.3 s): image folders only
 
     root = _reader(cfg).root(cfg)
     return RobustImageFolder(root / (split or cfg.val_split), transform=transform)
@@ -128,16 +130,12 @@ def _array_pair(cfg: DataConfig, train: ArraySplit, test: ArraySplit) -> SplitPa
 
 
 def read_cifar10(cfg: DataConfig) -> SplitPair:
-    from inceptionlab.data.cifar10 import load_cifar10
-
     root = _data_root(cfg)
     return _array_pair(cfg, load_cifar10(root, "train", download=cfg.download), load_cifar10(root, "test"))
 
 
 def _read_idx(dataset: str) -> Callable[[DataConfig], SplitPair]:
     def read(cfg: DataConfig) -> SplitPair:
-        from inceptionlab.data.mnist_idx import load_idx_split
-
         root = _data_root(cfg)
         train = load_idx_split(root, "train", dataset=dataset, download=cfg.download)
         return _array_pair(cfg, train, load_idx_split(root, "test", dataset=dataset))
@@ -147,9 +145,6 @@ def _read_idx(dataset: str) -> Callable[[DataConfig], SplitPair]:
 
 def read_imdb(cfg: DataConfig) -> SplitPair:
     """Raw reviews -> token ids; the vocabulary is fitted on the training part only and saved with the run."""
-    from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb_splits
-    from inceptionlab.data.text import TextVectorizer
-
     root = _data_root(cfg)
     if cfg.download and not root.exists():
         root = download_imdb(root)
@@ -184,9 +179,6 @@ def read_imdb_split(cfg: DataConfig, split: str) -> ArraySplit | None:
     one the vocabulary must be fitted on the training part first, so None sends the caller to
     `read_imdb`. Val and train are carved from train/ exactly as `read_imdb` does (`_carve_validation`).
     """
-    from inceptionlab.data.imdb import CLASS_NAMES, load_imdb
-    from inceptionlab.data.text import TextVectorizer
-
     if not cfg.text.tokenizer:
         return None
     if split not in ("train", "val", "test"):

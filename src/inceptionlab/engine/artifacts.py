@@ -81,7 +81,7 @@ class RunArtifacts:
 
     def _plot_first_batch(self, s: Session) -> None:
         """plots/samples.png: what the model is fed (after augmentation), with labels."""
-        from inceptionlab.plots import plot_samples
+        from inceptionlab.plots import plot_samples  # matplotlib (~0.4 s): only when drawing
 
         s.train_loader.set_epoch(0)
         images, targets = next(iter(s.train_loader))
@@ -91,7 +91,7 @@ class RunArtifacts:
     @torch.inference_mode()
     def _plot_predictions(self, s: Session) -> None:
         """plots/predictions.png: validation images with predicted label, confidence and truth, plus bars."""
-        from inceptionlab.plots import plot_predictions
+        from inceptionlab.plots import plot_predictions  # matplotlib (~0.4 s): only when drawing
 
         images, targets = _spread_samples(s.splits.val, 15)
         s.model.eval()

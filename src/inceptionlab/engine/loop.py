@@ -19,6 +19,7 @@ from inceptionlab.engine.task import main_logits
 from inceptionlab.metrics import RunningMeter
 from inceptionlab.runtime import autocast
 
+
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite: parameters after this point are not worth saving."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
+from tqdm import tqdm
+
 
 class Reporter:
     """Progress (tqdm) on a terminal, plain lines in logs; silent on ranks other than 0."""
@@ -25,7 +27,6 @@ class Reporter:
     def wrap(self, loader: Any, epoch: int, epochs: int, first_step: int) -> Any:
         if not self.bar_enabled:
             return loader
-        from tqdm import tqdm
 
         self.bar = tqdm(loader, total=len(loader) + first_step, initial=first_step,
                         desc=f"epoch {epoch}/{epochs}", unit="step", dynamic_ncols=True, leave=False)

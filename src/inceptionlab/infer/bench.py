@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from inceptionlab.errors import UserError
-from inceptionlab.runtime import load_average
 from inceptionlab.infer.export import ModelSource, image_files, random_inputs, torch_logits
 from inceptionlab.infer.quantize import (
     CALIBRATION_IMAGES,
@@ -51,6 +50,7 @@ from inceptionlab.infer.runtimes import (
     Unsupported,
     get_runtime,
 )
+from inceptionlab.runtime import load_average
 
 ROW_KEYS = ("backend", "precision", "layout", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
             "p90_ms", "p99_ms", "img_per_s", "gflop_per_image", "gflops", "speedup", "agreement", "usable")
@@ -157,7 +157,7 @@ def time_session(session: Session, inputs: np.ndarray, iters: int, warmup: int, 
 def gflop_per_image(model: torch.nn.Module, input_shape: tuple[int, int, int]) -> float | None:
     """Forward FLOPs per image (a multiply-add counts 2), counted on meta tensors: no compute.
     Inception v3 at 299 px: 11.4 GFLOP (5.7 GMACs). None for a model the counter cannot trace."""
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode  # only when counting FLOPs
 
     try:
         meta = copy.deepcopy(model).to("meta").eval()

@@ -34,10 +34,13 @@ import torch
 from torch import nn
 
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.fileio import atomic_write_bytes, atomic_write_json
+from inceptionlab.config import load_recipe
+from inceptionlab.data.images import ImageReadError, expand_image_paths, load_rgb
+from inceptionlab.data.readers import READERS
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError
-from inceptionlab.models.registry import build_model, load_run_model, pretrained_spec
+from inceptionlab.fileio import atomic_write_bytes, atomic_write_json
+from inceptionlab.models.registry import build_model, drop_aux_heads, load_run_model, pretrained_spec
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.runtime import package_versions
 
@@ -105,8 +108,6 @@ def state_checksum(model: nn.Module) -> str:
 
 def _drop_aux(model: nn.Module) -> nn.Module:
     """Eval mode already ignores Inception's aux head; removing it keeps its weights out of exports."""
-    from inceptionlab.models.registry import drop_aux_heads
-
     drop_aux_heads(model)
     return model.eval()
 
@@ -158,9 +159,6 @@ def run_val_images(run_dir: Path | None) -> list[Path]:
     """The run's validation images (from its recipe), or [] when the data has moved or is arrays."""
     if run_dir is None or not (Path(run_dir) / "recipe.resolved.yaml").is_file():
         return []
-    from inceptionlab.config import load_recipe
-    from inceptionlab.data.images import expand_image_paths
-    from inceptionlab.data.readers import READERS
 
     try:
         data = load_recipe(Path(run_dir) / "recipe.resolved.yaml", []).data
@@ -178,8 +176,6 @@ def default_image_files(source: ModelSource) -> list[Path]:
     sample_dir = sample_image_dir()
     sample: list[Path] = []
     if sample_dir.is_dir():
-        from inceptionlab.data.images import expand_image_paths
-
         sample = expand_image_paths([sample_dir])[0]
     return sample + run_val_images(source.run_dir)
 
@@ -187,7 +183,6 @@ def default_image_files(source: ModelSource) -> list[Path]:
 def image_files(folders: list[Path] | None, source: ModelSource) -> list[Path]:
     if not folders:
         return default_image_files(source)
-    from inceptionlab.data.images import expand_image_paths
 
     files, errors = expand_image_paths(list(folders))
     if errors:
@@ -212,8 +207,6 @@ def shuffled(files: list[Path], seed: int = RANDOM_SEED) -> list[Path]:
 
 def load_images(files: list[Path], spec: ModelSpec) -> np.ndarray:
     """uint8 NCHW array of the files after the spec's eval transform; unreadable files are skipped."""
-    from inceptionlab.data.images import ImageReadError, load_rgb
-
     transform = spec.eval_transform()
     images = []
     for path in files:
@@ -349,7 +342,7 @@ class _Logits(nn.Module):
 
 def import_onnxruntime() -> Any:
     try:
-        import onnxruntime
+        import onnxruntime  # optional extra (onnx): imported on use, not at start-up
     except ImportError:
         raise UserError(f"onnxruntime is not installed: {ONNX_EXTRA}") from None
     return onnxruntime
@@ -357,7 +350,7 @@ def import_onnxruntime() -> Any:
 
 def _import_onnx() -> Any:
     try:
-        import onnx
+        import onnx  # optional extra (onnx): imported on use, not at start-up
         import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
     except ImportError:
         raise UserError(f"onnx/onnxscript are not installed: {ONNX_EXTRA}") from None

@@ -30,9 +30,9 @@ import numpy as np
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_bytes, sha256_file
-from inceptionlab.runtime import package_versions
 from inceptionlab.infer.export import INPUT_NAME, load_images, normalize, quiet_stdout, shuffled
 from inceptionlab.models.spec import ModelSpec
+from inceptionlab.runtime import package_versions
 
 MIN_AGREEMENT = 0.99  # top-1 agreement with fp32 on the held-out set
 MIN_HOLDOUT_IMAGES = 200  # below this, 99% cannot be told from 97% (+-1.4% std. error at n=200)
@@ -152,7 +152,7 @@ class _Batches:
 
 def _fixed_batch(onnx_path: Path) -> int | None:
     """The graph's batch size when it is fixed (a --static-batch export), else None."""
-    import onnx
+    import onnx  # optional extra (onnx): imported on use, not at start-up
 
     dim = onnx.load(str(onnx_path), load_external_data=False).graph.input[0].type.tensor_type.shape.dim[0]
     return dim.dim_value if dim.HasField("dim_value") else None
@@ -161,7 +161,7 @@ def _fixed_batch(onnx_path: Path) -> int | None:
 def _sensitive_nodes(onnx_path: Path) -> list[str]:
     """The first convolution (raw pixels in) and the classifier (logits out): the layers whose
     int8 error flips top-1 most, and a negligible share of the compute."""
-    import onnx
+    import onnx  # optional extra (onnx): imported on use, not at start-up
 
     nodes = onnx.load(str(onnx_path), load_external_data=False).graph.node  # topologically sorted
     first_conv = [n.name for n in nodes if n.op_type == "Conv"][:1]
@@ -172,8 +172,9 @@ def _sensitive_nodes(onnx_path: Path) -> list[str]:
 def onnxruntime_int8(onnx_path: Path, sets: ImageSets, cache: Path, batch: int | None = CALIBRATION_BATCH) -> Path:
     """QDQ int8 model (per-channel s8 weights, u8 activations, MinMax calibration), cached by input."""
     try:
+        # optional extra (onnx): imported on use
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-        from onnxruntime.quantization.shape_inference import quant_pre_process
+        from onnxruntime.quantization.shape_inference import quant_pre_process  # optional extra (onnx): imported on use
     except ImportError:
         raise UserError("onnxruntime is not installed: pip install 'inceptionlab[onnx]'") from None
     if len(sets.calibration) == 0:
@@ -207,7 +208,7 @@ def onnxruntime_int8(onnx_path: Path, sets: ImageSets, cache: Path, batch: int |
 
 def onnxruntime_fp16(onnx_path: Path, cache: Path) -> Path:
     """fp16 weights and activations with fp32 inputs/outputs, for providers without an fp16 switch (CUDA)."""
-    import onnx
+    import onnx  # optional extra (onnx): imported on use, not at start-up
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     key = _cache_key(sha256_file(onnx_path), "fp16", _version("onnxruntime"))
@@ -224,7 +225,7 @@ def onnxruntime_fp16(onnx_path: Path, cache: Path) -> Path:
 def openvino_int8(onnx_path: Path, sets: ImageSets, cache: Path) -> Path:
     """NNCF post-training int8 model in OpenVINO IR (model.xml + model.bin), cached by input."""
     try:
-        import nncf
+        import nncf  # optional extra (openvino): ~2 s to import
         import openvino as ov
     except ImportError:
         raise UserError("openvino/nncf are not installed: pip install 'inceptionlab[openvino]'") from None

@@ -30,15 +30,16 @@ import numpy as np
 import torch
 
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import sha256_file
 from inceptionlab.infer.export import (
     INPUT_NAME,
     OUTPUT_NAME,
     ModelSource,
+    check_onnx_file,
     ensure_export,
     import_onnxruntime,
 )
-from inceptionlab.fileio import sha256_file
-from inceptionlab.infer.quantize import ImageSets
+from inceptionlab.infer.quantize import ImageSets, onnxruntime_fp16, onnxruntime_int8, openvino_int8
 from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability, cpu_model_name
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -80,8 +81,6 @@ class Artifacts:
     def onnx(self) -> Path:
         if "fp32" not in self._made:
             if self.onnx_override is not None:
-                from inceptionlab.infer.export import check_onnx_file
-
                 check_onnx_file(self.onnx_override, self.source.spec)
                 self._made["fp32"] = self.onnx_override
             else:
@@ -97,18 +96,12 @@ class Artifacts:
         return self._made[kind]
 
     def onnx_int8(self) -> Path:
-        from inceptionlab.infer.quantize import onnxruntime_int8
-
         return self._calibrated("onnxruntime-int8", onnxruntime_int8)
 
     def openvino_int8(self) -> Path:
-        from inceptionlab.infer.quantize import openvino_int8
-
         return self._calibrated("openvino-int8", openvino_int8)
 
     def onnx_fp16(self) -> Path:
-        from inceptionlab.infer.quantize import onnxruntime_fp16
-
         if "fp16" not in self._made:
             self._made["fp16"] = onnxruntime_fp16(self.onnx(), self.cache)
         return self._made["fp16"]
@@ -330,7 +323,7 @@ ORT_PROVIDERS: dict[str, OrtProvider] = {
 
 def ort_installed_providers() -> list[str]:
     try:
-        import onnxruntime
+        import onnxruntime  # optional extra (onnx): imported on use, not at start-up
     except ImportError:
         return []
     return list(onnxruntime.get_available_providers())
@@ -451,7 +444,7 @@ class OnnxRuntime(Runtime):
 
     @classmethod
     def details(cls) -> str:
-        import onnxruntime
+        import onnxruntime  # optional extra (onnx): imported on use, not at start-up
 
         return f"onnxruntime {onnxruntime.__version__}; providers: {', '.join(ort_installed_providers())}"
 
@@ -476,7 +469,7 @@ _OV_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
 class OpenVinoSession(Session):
     def __init__(self, model: Path, precision: str, batch: int, cache: Path, input_shape: tuple[int, ...]):
-        import openvino as ov
+        import openvino as ov  # optional extra (openvino): imported on use, not at start-up
 
         self.batch = batch
         core = ov.Core()
@@ -498,7 +491,7 @@ class OpenVinoSession(Session):
         self.request = compiled.create_infer_request()
 
     def place(self, inputs: np.ndarray) -> Any:
-        import openvino as ov
+        import openvino as ov  # optional extra (openvino): imported on use, not at start-up
 
         return ov.Tensor(inputs)  # wraps the array: no copy
 
@@ -525,7 +518,7 @@ class OpenVinoRuntime(Runtime):
 
     @classmethod
     def details(cls) -> str:
-        import openvino as ov
+        import openvino as ov  # optional extra (openvino): imported on use, not at start-up
 
         core = ov.Core()
         return f"openvino {ov.__version__.split('-')[0]}; devices: {', '.join(core.available_devices)}"

@@ -7,7 +7,6 @@ code or training state.
 
 from __future__ import annotations
 
-
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,10 +14,10 @@ import torch
 from torch import nn
 
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.fileio import atomic_write_json, atomic_write_text
 from inceptionlab.data.text import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import atomic_write_json, atomic_write_text
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
 

@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import atomic_write_text
 from inceptionlab.models.spec import ModelSpec
 
 # The ONNX Runtime backend's accelerator names (its README; "migraphx" is what AMD's ROCm build
@@ -93,7 +96,7 @@ def model_name(text: str) -> str:
 
 def graph_tensors(onnx_file: Path) -> tuple[list[Tensor], list[Tensor]]:
     """Inputs and outputs of the exported graph, batch axis removed (it must be dynamic)."""
-    import onnx
+    import onnx  # optional extra (onnx): imported on use, not at start-up
 
     graph = onnx.load(str(onnx_file), load_external_data=False).graph
     initializers = {init.name for init in graph.initializer}
@@ -165,8 +168,6 @@ def _warmup(inputs: list[Tensor], max_batch: int) -> list[str]:
 
 def kserve_manifest(name: str, options: TritonOptions) -> str:
     """An InferenceService (serving.kserve.io/v1beta1) running the repository on Triton."""
-    import yaml
-
     resources: dict[str, Any] = {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}
     model: dict[str, Any] = {"modelFormat": {"name": "triton"}, "protocolVersion": "v2",
                              "storageUri": options.storage_uri, "resources": resources}
@@ -212,7 +213,6 @@ def write_triton_repository(onnx_file: Path, spec: ModelSpec, root: Path, option
         _swap_into_place(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    from inceptionlab.checkpoint import atomic_write_text
 
     kserve = root.parent / KSERVE_FILE
     _check_replaceable_file(kserve)

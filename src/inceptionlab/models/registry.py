@@ -14,20 +14,20 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from inceptionlab.config import DataConfig
 from inceptionlab.checkpoint import RunDir
+from inceptionlab.config import DataConfig
 from inceptionlab.errors import UserError
 from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
 from inceptionlab.models.spec import ModelSpec, Preprocessing
 
 if TYPE_CHECKING:
-    import torchvision
+    import torchvision  # ~1.3 s: text and array runs never need it
 
 
 def _tv_models() -> Any:
     """torchvision.models, imported on first use: it adds ~1.3 s to start-up, and the text and
     in-memory case studies never need it."""
-    import torchvision.models
+    import torchvision.models  # ~1.3 s: text and array runs never need it
 
     return torchvision.models
 

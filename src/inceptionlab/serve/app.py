@@ -18,11 +18,13 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, AsyncIterator, Callable
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inceptionlab import __version__
 from inceptionlab.errors import UserError
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
@@ -211,8 +213,6 @@ def _health_routes(app: FastAPI, state: ServeState) -> None:
 
     @app.get("/v2")
     async def server_metadata() -> dict:
-        from inceptionlab import __version__
-
         return {"name": "inceptionlab", "version": __version__, "extensions": ["binary_tensor_data"]}
 
     @app.get("/metrics")
@@ -378,8 +378,6 @@ async def _classify_inputs(state: ServeState, served: ServedModel,
 
 def _decode_some(served: ServedModel, files: list[tuple[str, bytes]]) -> tuple[list[str], Any, int, dict[str, str]]:
     """Decode every file; bad ones become per-file errors unless none is usable (then a 400)."""
-    import numpy as np
-
     good, names, errors = [], [], {}
     for name, data in files:
         try:

@@ -43,7 +43,10 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 import numpy as np
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
 
+from inceptionlab.data.images import expand_image_paths
 from inceptionlab.errors import UserError
 
 # Open Inference Protocol, binary tensor data extension (Triton's, also KServe's): the JSON header's
@@ -166,8 +169,6 @@ def response_header(response: httpx.Response) -> dict[str, Any]:
 
 def image_files(folders: list[Path]) -> list[Path]:
     """Image files of --images, else the sample pictures beside the repository, else []."""
-    from inceptionlab.data.images import expand_image_paths
-
     if folders:
         files, errors = expand_image_paths(list(folders))
         if errors:
@@ -187,8 +188,6 @@ def _sample_image_dir() -> Path:
 def generated_jpegs(count: int = GENERATED_COUNT, size: tuple[int, int] = GENERATED_SIZE,
                     seed: int = 0) -> list[bytes]:
     """Smooth random pictures saved as JPEG (quality 90): real decode work, no files needed."""
-    from PIL import Image
-
     rng = np.random.default_rng(seed)
     width, height = size
     pictures = []
@@ -212,8 +211,6 @@ def encoded_images(folders: list[Path]) -> list[bytes]:
 def tensor_pictures(encoded: list[bytes], channels: int, height: int, width: int, dtype: Any) -> list[np.ndarray]:
     """Pictures resized to the model's input (CHW), as the model's input datatype. UINT8 stays raw
     pixels (the server normalises); float inputs get pixel / 255 (values do not change the timing)."""
-    from PIL import Image
-
     arrays = []
     for data in encoded:
         image = Image.open(io.BytesIO(data)).convert("L" if channels == 1 else "RGB").resize((width, height))
@@ -336,8 +333,6 @@ METRIC_FAMILIES = {
 def parse_metrics(text: str, model: str | None = None) -> dict[str, float]:
     """Prometheus text -> {sample name: value summed over label sets}, keeping only samples of
     `model` when they carry a model label (Triton and ours label per model)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -11,14 +11,15 @@ import os
 import platform
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from inceptionlab.plots import save_figure
 
 
 def environment() -> dict[str, Any]:
     """The client machine (the server's may differ): CPU, cores, load, versions."""
-    from importlib.metadata import PackageNotFoundError, version
-
     versions = {"python": platform.python_version()}
     for name in ("httpx", "numpy"):
         try:
@@ -97,12 +98,11 @@ def plot_latency_vs_rate(rows: list[dict[str, Any]], path: Path, title: str = ""
     points = sorted((r for r in rows if r["mode"] == "open"), key=lambda r: r["offered_rate"])
     if not points:
         return None
-    import matplotlib
+    import matplotlib  # ~0.4 s: only when drawing
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    from inceptionlab.plots import save_figure
 
     offered = [r["offered_rate"] for r in points]
     fig, (lat, thr) = plt.subplots(1, 2, figsize=(10, 4))

@@ -20,6 +20,7 @@ explicit `--precision int8` that fails is an error.
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +30,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.images import decode_rgb
+from inceptionlab.data.text import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
+from inceptionlab.infer.export import image_files, load_source, torch_logits
+from inceptionlab.infer.quantize import image_sets, judge
 from inceptionlab.infer.runtimes import (
     NATIVE_LAYOUT,
     PRECISIONS,
@@ -249,8 +254,6 @@ def _utf8(item: bytes, index: int) -> str:
 
 def _check_pixels(data: bytes, name: str) -> None:
     """Refuse decompression bombs from the header alone (Image.open is lazy: nothing is decoded)."""
-    import io
-
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
@@ -278,14 +281,10 @@ def load_served_model(settings: ServeSettings, run_dir: Path | None = None, mode
 
 
 def _input_kind(run_dir: Path) -> str:
-    from inceptionlab.checkpoint import RunDir
-
     return ModelSpec.load(RunDir.open(run_dir).spec_file).input_kind
 
 
 def _load_text_model(settings: ServeSettings, run_dir: Path, name: str | None) -> ServedModel:
-    from inceptionlab.data.text import TextVectorizer
-
     if settings.backend not in ("auto", "eager"):
         raise UserError(f"{run_dir}: text models run on --backend eager (the ONNX export covers image models)")
     if settings.precision not in ("auto", "fp32"):
@@ -303,8 +302,6 @@ def _load_text_model(settings: ServeSettings, run_dir: Path, name: str | None) -
 
 def _load_image_model(settings: ServeSettings, run_dir: Path | None, model: str | None,
                       name: str | None) -> ServedModel:
-    from inceptionlab.infer.export import load_source
-
     source = load_source(run_dir=run_dir, model=model, weights=settings.weights, out=settings.exports)
     backend = auto_backend(settings.device, "image") if settings.backend == "auto" else settings.backend
     runtime = get_runtime(backend)
@@ -360,9 +357,6 @@ def _open_engine(runtime: Any, artifacts: Artifacts, precision: str, layout: str
 
 def _agreement(artifacts: Artifacts, engine: Engine, settings: ServeSettings) -> Any:
     """infer/quantize.py's rule, as `bench` applies it: top-1 agreement with fp32 PyTorch."""
-    from inceptionlab.infer.export import torch_logits
-    from inceptionlab.infer.quantize import judge
-
     if artifacts.sets is None:
         artifacts.sets = _image_sets(artifacts)
     inputs = artifacts.sets.holdout_inputs()
@@ -375,9 +369,6 @@ def _agreement(artifacts: Artifacts, engine: Engine, settings: ServeSettings) ->
 
 def _image_sets(artifacts: Artifacts) -> Any:
     """The guide's sample pictures and the run's val images, split into calibration and held-out."""
-    from inceptionlab.infer.export import image_files
-    from inceptionlab.infer.quantize import image_sets
-
     sets = image_sets(image_files(None, artifacts.source), artifacts.source.spec)
     artifacts.log(f"agreement images: {sets.describe()}")
     return sets
