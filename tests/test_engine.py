@@ -40,6 +40,7 @@ def state_of(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+@pytest.mark.slow  # Inception v3's 94 conv shapes: oneDNN kernel creation dominates 2 tiny epochs
 def test_run_directory_has_everything(image_folder, tmp_path):
     outcome = fit(recipe_for(image_folder), tmp_path / "runs", progress=False)
     run = outcome.run_dir
