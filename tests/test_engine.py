@@ -41,8 +41,12 @@ def state_of(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+@pytest.mark.slow  # Inception v3's 94 conv shapes: oneDNN kernel creation dominates 2 tiny epochs
 def test_run_directory_has_everything(image_folder, tmp_path):
-    outcome = fit(recipe_for(image_folder), tmp_path / "runs", progress=False)
+    # Two batch shapes in all (train 6, eval and prediction plot 9): each new shape makes oneDNN create
+    # kernels for Inception's 94 convolutions again, which costs more than these tiny steps.
+    outcome = fit(recipe_for(image_folder, "train.batch_size=6", "train.eval_batch_size=9"), tmp_path / "runs",
+                  progress=False)
     run = outcome.run_dir
     assert outcome.status == "completed"
     assert run.parent == tmp_path / "runs" / "inception_v3" / "imagefolder"
