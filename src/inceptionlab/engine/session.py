@@ -17,7 +17,7 @@ from inceptionlab.config import Recipe
 from inceptionlab.data.device_aug import pass_normalised
 from inceptionlab.data.image_loader import ResidentImageOptions
 from inceptionlab.data.loaders import SkipTrackingLoader, cap_samples, make_loader
-from inceptionlab.data.readers import read_splits
+from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.engine.distributed import DistInfo, init_distributed
 from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
@@ -119,13 +119,18 @@ def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[A
         raise UserError(f"{cfg.root}: the train or val split is empty")
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
                   pin_memory=device.type == "cuda", device=device, mode=cfg.loader,
-                  images=ResidentImageOptions.from_recipe(recipe))
+                  images=_resident_image_options(recipe))
     train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, **common)
     val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)
     test_loader = None
     if splits.test is not None:
         test_loader = make_loader(splits.test, batch_size=_eval_batch(recipe), train=False, **common)
     return splits, train_loader, val_loader, test_loader
+
+
+def _resident_image_options(recipe: Recipe) -> ResidentImageOptions | None:
+    """How the loader may keep an image folder on the device; None for array and text datasets."""
+    return ResidentImageOptions.from_recipe(recipe) if recipe.data.reader in READERS else None
 
 
 def _eval_batch(recipe: Recipe) -> int:
