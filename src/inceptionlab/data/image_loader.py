@@ -51,7 +51,7 @@ class ResidentImageOptions:
         data = recipe.data
         return cls(data.train_crop_size, tuple(data.train_crop_scale), DEFAULT_RATIO, data.hflip,
                    data.val_resize_size, data.val_crop_size, tuple(data.mean), tuple(data.std),
-                   getattr(data, "cache_size", 342), PRECISION_DTYPES[recipe.train.precision],
+                   data.cache_size, PRECISION_DTYPES[recipe.train.precision],
                    recipe.train.channels_last)
 
     def augment(self, train: bool) -> DeviceAugment:
