@@ -95,7 +95,7 @@ def _squares_run_once(tmp_path_factory) -> TrainedRun:
 
     The inference tests (predict, evaluate, export, bench, runtimes) need a real run directory
     whose model has learnt something (int8 agreement needs clear margins); training it once instead
-    of once per file saves four trainings (~10 s each on 2 cores).
+    of once per file saves four trainings (one took 190 s on the shared 2-core machine at load 11).
     """
     from inceptionlab.config import load_recipe
     from inceptionlab.engine.fit import fit

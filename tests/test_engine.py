@@ -294,7 +294,6 @@ def test_adamw_cosine_warmup_smoothing_clip_and_determinism_take_effect(image_fo
     assert all(c.weight.is_contiguous() for c in convs(s.model))  # default NCHW
 
 
-@pytest.mark.slow  # Inductor compiles the forward, backward and eval graphs on 2 cores
 def test_compile_option_trains_through_the_compiled_module(image_folder, tmp_path, built):
     recipe = small_recipe_for(image_folder, "train.epochs=1", "train.compile=true",
                               "data.max_train_samples=8", "data.max_val_samples=4")
