@@ -50,7 +50,7 @@ def test_evaluate_table(run_and_data, cli):
 
 def test_evaluate_needs_a_run_or_a_model(cli):
     result = cli("evaluate")
-    assert result.code == 2 and "RUN_DIR or --model" in result.err
+    assert result.code == 2 and "RUN_DIR or --run RUN_DIR" in result.err and "--model NAME" in result.err
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,9 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UserError(f"{path}: not a readable PyTorch weights file ({type(exc).__name__}: {exc})"[:300]) from None
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{path}: not a readable PyTorch weights file ({reason}); it may be truncated: "
+                        "copy it again, or give model.pt / checkpoints/best.pt of a run") from None
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]  # a training checkpoint: take its model part
     if not isinstance(state, dict):
