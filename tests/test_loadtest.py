@@ -448,8 +448,10 @@ def test_against_our_server_batches_form_and_metrics_agree(real_server):
     server = row["server"]
     assert server["metrics"] == "inceptionlab" and server["inferences"] == row["ok"]
     assert server["outcomes"]["success"] == row["ok"]
-    # 4 clients and a 10 ms batch: requests arriving during a batch wait for the next one together.
-    assert server["avg_batch"] > 1.5 and server["compute_ms"] >= 10.0
+    # 4 clients and a 10 ms batch: requests arriving during a batch wait for the next one together, so
+    # executions are fewer than inferences. How many share a batch depends on the client's speed: 1.33
+    # on an idle 2-core machine, 1.5-2 under load; 1 would mean no batching at all.
+    assert server["avg_batch"] > 1.1 and server["compute_ms"] >= 10.0
     image = lt.run_load(lt.LoadSettings(real_server, model="tiny", concurrency=2, duration=0.5, payload="image",
                                         warmup=1))
     assert image["ok"] > 0 and image["error"] == 0

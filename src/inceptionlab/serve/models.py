@@ -231,7 +231,8 @@ class ServedModel:
 
     def _model_input(self, item: np.ndarray) -> np.ndarray:
         if item.dtype == np.uint8:  # resized + cropped pixels: the spec's normaliser, as predict does
-            return self.normalize(torch.from_numpy(item)).numpy()
+            # Request tensors are read-only views of the body (np.frombuffer): copy only those.
+            return self.normalize(torch.from_numpy(np.require(item, requirements="W"))).numpy()
         return item
 
     def _class_logits(self, logits: np.ndarray) -> np.ndarray:
