@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from inceptionlab.runtime import cpu_capability, cpu_model_name
+from inceptionlab.host import cpu_model_name
+from inceptionlab.runtime import cpu_capability
 from inceptionlab.setup_plan import TorchInfo, base_interpreter, probe_torch, rocm_version, suggest_fix
 
 if TYPE_CHECKING:

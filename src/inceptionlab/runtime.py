@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from inceptionlab.errors import UserError
+from inceptionlab.host import cpu_model_name, load_average
 
 DEVICE_HELP = "auto, cpu, cuda or cuda:N (a ROCm GPU is 'cuda' too)"
 
@@ -77,18 +78,6 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN/MIOpen pick kernels
 
 
-def cpu_model_name() -> str:
-    # platform.processor() is empty on most Linux systems; /proc/cpuinfo has the marketing name.
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cpu_capability() -> str:
     try:
         return torch.backends.cpu.get_cpu_capability()
@@ -104,13 +93,6 @@ def package_versions() -> dict[str, str]:
         except PackageNotFoundError:
             continue
     return found
-
-
-def load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 def environment(device: torch.device | str, world_size: int = 1) -> dict[str, Any]:

@@ -71,8 +71,8 @@ def loadtest(
     import os
 
     from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep, settings_dict
+    from inceptionlab.fileio import append_jsonl
     from inceptionlab.serve.loadtest_report import (
-        append_jsonl,
         environment,
         format_table,
         plot_latency_vs_rate,

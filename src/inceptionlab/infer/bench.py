@@ -50,7 +50,7 @@ from inceptionlab.infer.runtimes import (
     Unsupported,
     get_runtime,
 )
-from inceptionlab.runtime import load_average
+from inceptionlab.host import load_average
 
 ROW_KEYS = ("backend", "precision", "layout", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
             "p90_ms", "p99_ms", "img_per_s", "gflop_per_image", "gflops", "speedup", "agreement", "usable")

@@ -40,7 +40,8 @@ from inceptionlab.infer.export import (
     import_onnxruntime,
 )
 from inceptionlab.infer.quantize import ImageSets, onnxruntime_fp16, onnxruntime_int8, openvino_int8
-from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability, cpu_model_name
+from inceptionlab.host import cpu_model_name
+from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 REDUCED_PRECISIONS = ("bf16", "fp16", "int8")

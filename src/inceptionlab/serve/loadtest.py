@@ -47,6 +47,7 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from inceptionlab.data.images import expand_image_paths
+from inceptionlab.host import load_average
 from inceptionlab.errors import UserError
 
 # Open Inference Protocol, binary tensor data extension (Triton's, also KServe's): the JSON header's
@@ -522,15 +523,8 @@ async def measure(client: httpx.AsyncClient, settings: LoadSettings, info: Model
     after = await scrape(client, settings.url, info.name)
     row.update(summarize(records, start, duration, settings.slo_ms, settings.max_error_rate, not_sent))
     row.update({"duration_s": round(duration, 3), "payload": settings.payload, "model": info.name,
-                "server": server_stats(before, after), "loadavg_1min": _load_average()})
+                "server": server_stats(before, after), "loadavg_1min": load_average()})
     return row
-
-
-def _load_average() -> float | None:
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None
 
 
 # --------------------------------------------------------------------------------------- sweep

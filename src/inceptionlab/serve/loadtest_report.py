@@ -6,7 +6,6 @@ plots/loadtest.png     p50/p99/p99.9 latency and achieved rate against offered r
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -15,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from inceptionlab.host import cpu_model_name
 from inceptionlab.plots import save_figure
 
 
@@ -26,20 +26,8 @@ def environment() -> dict[str, Any]:
             versions[name] = version(name)
         except PackageNotFoundError:
             continue
-    return {"cpu": _cpu_model_name(), "cpu_count": os.cpu_count(), "host": platform.node(),
+    return {"cpu": cpu_model_name(), "cpu_count": os.cpu_count(), "host": platform.node(),
             "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "versions": versions}
-
-
-def _cpu_model_name() -> str:
-    # doctor.cpu_model_name reads the same line but its module loads torch (+2 s) for a client.
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def redacted(argv: list[str]) -> list[str]:
@@ -56,18 +44,6 @@ def records(rows: list[dict[str, Any]], url: str, command: str, settings: dict[s
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     return [{**row, "run_id": run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "url": url, "command": command,
              "argv": redacted(sys.argv), "settings": settings, "env": env} for row in rows]
-
-
-def append_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Append one JSON line per row and fsync: a crash loses at most the line being written.
-    (The lead's fileio.append_jsonl will replace this and bench's copy.)"""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, default=str) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _cell(value: Any, width: int, spec: str) -> str:
