@@ -135,6 +135,7 @@ def test_a_built_wheel_ships_every_recipe(tmp_path):
     shutil.copytree(repo / "src", project / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(repo / name, project / name)
+    # --no-build-isolation: no network at test time; the test extra installs setuptools>=77 (the build backend).
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(project),
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=240)
     (wheel,) = (tmp_path / "dist").glob("*.whl")
