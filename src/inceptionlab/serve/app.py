@@ -247,8 +247,7 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
         started = time.perf_counter()
         model = state.model(name)
         body = await request.body()
-        outcome = "bad_request"
-        try:
+        async with _counted(state, name, started) as counted:
             _refuse_early(state, name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
             parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
@@ -258,18 +257,32 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
             if unknown:
                 raise ProtocolError(f"model {name!r} has no output {unknown[0]!r}; it has probabilities, logits")
             item, count = await state.in_thread(model.prepare_tensor, parsed.inputs[0])
-            result, outcome = await _submit(state, name, item, count)
+            result, counted.outcome = await _submit(state, name, item, count)
             wanted = parsed.outputs or ["probabilities", "logits"]
             payload, headers = encode_infer_response(name, "1", parsed, {k: result[k] for k in wanted})
             return Response(payload, headers=headers)
-        except (ProtocolError, UserError) as exc:
-            raise ApiError(getattr(exc, "status", 400), str(exc)) from None
-        except ApiError as exc:
-            outcome = exc.outcome
-            raise
-        finally:
-            state.metrics.requests.labels(name, outcome).inc()
-            state.metrics.request_time.labels(name).observe(time.perf_counter() - started)
+
+
+@dataclass
+class _Counted:
+    outcome: str = "bad_request"  # until the batcher answers (or an ApiError says otherwise)
+
+
+@asynccontextmanager
+async def _counted(state: ServeState, name: str, started: float) -> AsyncIterator[_Counted]:
+    """One request's bookkeeping for both inference routes: library errors become one-line 4xx, and
+    every request is counted by outcome with its time, whatever happens."""
+    counted = _Counted()
+    try:
+        yield counted
+    except (ProtocolError, UserError) as exc:
+        raise ApiError(getattr(exc, "status", 400), str(exc)) from None
+    except ApiError as exc:
+        counted.outcome = exc.outcome
+        raise
+    finally:
+        state.metrics.requests.labels(name, counted.outcome).inc()
+        state.metrics.request_time.labels(name).observe(time.perf_counter() - started)
 
 
 def _refuse_early(state: ServeState, name: str) -> None:
@@ -340,22 +353,13 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
         started = time.perf_counter()
         served = state.model(model or next(iter(state.models)))
         k = topk or state.settings.topk
-        outcome = "bad_request"
-        try:
+        async with _counted(state, served.name, started) as counted:
             _refuse_early(state, served.name)
             names, item, count, errors = await _classify_inputs(state, served, request)
-            result, outcome = await _submit(state, served.name, item, count)
+            result, counted.outcome = await _submit(state, served.name, item, count)
             results = _classify_results(served, names, result["probabilities"], k, errors)
             return JSONResponse({"model": served.name, "results": results,
                                  "time_ms": round((time.perf_counter() - started) * 1e3, 2)})
-        except (ProtocolError, UserError) as exc:
-            raise ApiError(getattr(exc, "status", 400), str(exc)) from None
-        except ApiError as exc:
-            outcome = exc.outcome
-            raise
-        finally:
-            state.metrics.requests.labels(served.name, outcome).inc()
-            state.metrics.request_time.labels(served.name).observe(time.perf_counter() - started)
 
 
 async def _classify_inputs(state: ServeState, served: ServedModel,
