@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from conftest import shared_data
 from inceptionlab.data import imdb
 from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
-from inceptionlab.data.text import OOV_ID, PAD_ID, TextVectorizer
+from inceptionlab.data.text import OOV_ID, PAD_ID, StandardizedTexts, TextVectorizer, standardize_all
 from inceptionlab.errors import UserError
 
 SEQ_LEN = 250
@@ -130,6 +130,27 @@ def test_punctuation_pattern_removes_exactly_string_punctuation(subset_vectorize
 @pytest.mark.parametrize("text", TRICKY)
 def test_standardize_matches_guide_on_tricky_text(subset_vectorizer, text):
     assert subset_vectorizer.standardize(text) == guide_standardize(text)
+
+
+MIXED = [*TRICKY, "".join(chr(c) for c in range(128)), "ΟΔΟΣ Σ σς final sigma", "tab\x0bvertical\x1cfile-sep\x85nel"]
+
+
+def test_fast_ascii_standardization_equals_the_normalizer(subset_vectorizer):
+    # standardize_all takes a Python path for ASCII texts; it must give the normalizer's output exactly.
+    fast = standardize_all(MIXED)
+    assert isinstance(fast, StandardizedTexts)
+    assert list(fast) == [subset_vectorizer.standardize(text) for text in MIXED]
+    assert sum(text.isascii() for text in MIXED) >= 3 and not all(text.isascii() for text in MIXED)
+
+
+def test_standardized_texts_give_the_ids_and_vocabulary_of_raw_texts(subset, subset_vectorizer):
+    texts = subset["test"][0][:50] + MIXED
+    plain = Tokenizer.from_str(subset_vectorizer.tokenizer.to_str())  # normalizes inside, like a user's copy
+    expected = [encoding.ids for encoding in plain.encode_batch(texts)]
+    assert subset_vectorizer.encode(texts).tolist() == expected
+    assert subset_vectorizer.encode(standardize_all(texts)).tolist() == expected
+    refit = TextVectorizer.fit(standardize_all(subset["train"][0]))
+    assert refit.vocabulary() == subset_vectorizer.vocabulary()
 
 
 def test_br_tag_is_replaced_after_lowercasing_as_in_the_guide(subset_vectorizer):

@@ -19,7 +19,7 @@ from inceptionlab.data.digits import ensure_digits_imagefolder
 from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
 from inceptionlab.data.mnist_idx import load_idx_split
 from inceptionlab.data.splits import SplitPair
-from inceptionlab.data.text import TextVectorizer
+from inceptionlab.data.text import StandardizedTexts, TextVectorizer, standardize_all
 from inceptionlab.data.tiny_imagenet import read_class_names
 from inceptionlab.errors import UserError
 
@@ -152,18 +152,20 @@ def read_imdb(cfg: DataConfig) -> SplitPair:
     labels = {s: torch.tensor(texts[s][1], dtype=torch.long) for s in texts}
     raw = ArraySplit(torch.arange(len(labels["train"])), labels["train"], list(CLASS_NAMES))
     train_idx, val_idx = _carve_validation(raw, cfg) if cfg.val_fraction else (raw, None)
-    train_texts = [texts["train"][0][i] for i in train_idx.inputs.tolist()]
+    # Standardized once: the vocabulary fit and the encoding of train and val both read these.
+    reviews = standardize_all(texts["train"][0])
+    train_texts = StandardizedTexts(reviews[i] for i in train_idx.inputs.tolist())
     if cfg.text.tokenizer:
         vectorizer = TextVectorizer.load(Path(cfg.text.tokenizer))
     else:
         vectorizer = TextVectorizer.fit(train_texts, max_tokens=cfg.text.max_tokens, seq_len=cfg.text.sequence_length)
-    encode = lambda items: vectorizer.encode(items)  # noqa: E731
-    train = ArraySplit(encode(train_texts), train_idx.targets, list(CLASS_NAMES))
-    test = ArraySplit(encode(texts["test"][0]), labels["test"], list(CLASS_NAMES))
+    train = ArraySplit(vectorizer.encode(train_texts), train_idx.targets, list(CLASS_NAMES))
+    test = ArraySplit(vectorizer.encode(texts["test"][0]), labels["test"], list(CLASS_NAMES))
     if val_idx is None:
         pair = SplitPair(train, test, list(CLASS_NAMES))
     else:
-        val = ArraySplit(encode([texts["train"][0][i] for i in val_idx.inputs.tolist()]), val_idx.targets, list(CLASS_NAMES))
+        val_texts = StandardizedTexts(reviews[i] for i in val_idx.inputs.tolist())
+        val = ArraySplit(vectorizer.encode(val_texts), val_idx.targets, list(CLASS_NAMES))
         pair = SplitPair(train, val, list(CLASS_NAMES), test=test)
     pair.artifacts["tokenizer.json"] = vectorizer.save
     pair.model_kwargs["vocab_size"] = cfg.text.max_tokens + 1  # Embedding(max_features + 1, ...) as in the guide

@@ -53,6 +53,21 @@ TOKENIZER_FILE = "tokenizer.json"
 # escape is a literal in Oniguruma (the tokenizers regex engine) too; "&&", which Oniguruma would
 # read as class intersection, cannot occur because "&" is escaped.
 PUNCTUATION_PATTERN = "[%s]" % re.escape(string.punctuation)
+_PUNCTUATION = re.compile(PUNCTUATION_PATTERN)
+
+
+class StandardizedTexts(list):
+    """Texts already standardized (`TextVectorizer.standardize_all`): fit and encode skip that step."""
+
+
+def standardize_ascii(text: str) -> str:
+    """`guide_normalizer()` for an ASCII text, in Python.
+
+    On ASCII, str.lower and Lowercase() agree, and Python's re and Oniguruma match the same
+    characters of the escaped class. In Python this is 0.33 s for IMDB's 25,000 training reviews
+    on one core, against 1.7 CPU s for the normalizer inside `encode_batch_fast` (AMD EPYC).
+    """
+    return _PUNCTUATION.sub("", text.lower().replace("<br />", " "))
 
 
 def guide_normalizer() -> normalizers.Normalizer:
@@ -77,6 +92,25 @@ def guide_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
     return tokenizer
 
 
+def standardize_all(texts: Iterable[str]) -> StandardizedTexts:
+    """Each text as `guide_normalizer()` leaves it: ASCII texts in Python, the rest by the normalizer.
+
+    IMDB: 22,653 of the 25,000 training reviews are ASCII. The non-ASCII ones keep the normalizer's
+    Unicode rules (see the module docstring), so the ids equal those of the saved tokenizer.json.
+    """
+    normalizer = guide_normalizer()
+    return StandardizedTexts(
+        standardize_ascii(text) if text.isascii() else normalizer.normalize_str(text) for text in texts
+    )
+
+
+def without_normalizer(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of `tokenizer` for texts that are standardized already (same ids, padding, truncation)."""
+    bare = Tokenizer.from_str(tokenizer.to_str())
+    bare.normalizer = None
+    return bare
+
+
 def set_fixed_length(tokenizer: Tokenizer, seq_len: int) -> None:
     # Right-side padding and truncation: Keras keeps the first `sequence_length` tokens and pads
     # after them. Both settings are saved inside tokenizer.json.
@@ -95,6 +129,7 @@ class TextVectorizer:
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
+        self._bare = without_normalizer(tokenizer)  # encodes StandardizedTexts
 
     # --- building ---------------------------------------------------------------------------
 
@@ -120,9 +155,9 @@ class TextVectorizer:
             special_tokens=[PAD_TOKEN, OOV_TOKEN],
             show_progress=False,
         )
-        counting = guide_tokenizer()
-        length = len(texts) if isinstance(texts, Sequence) else None
-        counting.train_from_iterator(texts, trainer=trainer, length=length)
+        standardized = texts if isinstance(texts, StandardizedTexts) else standardize_all(texts)
+        counting = without_normalizer(guide_tokenizer())
+        counting.train_from_iterator(standardized, trainer=trainer, length=len(standardized))
         # Rebuild from the learnt vocabulary: training also registered "[PAD]"/"[UNK]" as added
         # tokens, which would be matched in the raw text before normalization, so a review
         # containing "[UNK]" would get id 1 where the guide sees the word "unk".
@@ -138,8 +173,9 @@ class TextVectorizer:
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
         if len(texts) == 0:
             return torch.zeros((0, self.seq_len), dtype=torch.int64)
+        standardized = texts if isinstance(texts, StandardizedTexts) else standardize_all(texts)
         # encode_batch_fast runs on all cores and skips the character offsets nobody needs here.
-        encodings = self.tokenizer.encode_batch_fast(list(texts), add_special_tokens=False)
+        encodings = self._bare.encode_batch_fast(standardized, add_special_tokens=False)
         # Every encoding has exactly seq_len ids, so one flat fromiter with a known count fills
         # the array directly (about twice as fast as np.array over a list of lists).
         flat = itertools.chain.from_iterable(encoding.ids for encoding in encodings)
