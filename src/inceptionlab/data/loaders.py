@@ -6,7 +6,6 @@ same batches as one that never stopped; `start` skips the samples already consum
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Iterator, Sized
 
 import torch
@@ -14,39 +13,11 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from inceptionlab.data.arrays import ArraySplit
 from inceptionlab.data.image_loader import resident_image_loader
-from inceptionlab.data.sampling import EpochSampler, default_num_workers
+from inceptionlab.data.sampling import EpochSampler, SkipTrackingLoader, default_num_workers
 from inceptionlab.data.splits import collate_skipping_unreadable
 
 # data.loader choices, as make_loader reads them: auto = resident for in-memory splits, workers otherwise.
 LOADERS = ("auto", "resident", "workers")
-
-
-@dataclass
-class SkipTrackingLoader:
-    """Yields `(inputs, targets)` and remembers which files could not be decoded."""
-
-    loader: DataLoader
-    generator: torch.Generator  # the loader's own: worker seeds never draw on the global RNG
-    seed: int = 0
-    skipped: list[str] = field(default_factory=list)
-
-    @property
-    def sampler(self) -> EpochSampler:
-        return self.loader.sampler  # type: ignore[return-value]
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Fix the epoch's sample order and worker seeds; skip the first `start` samples."""
-        self.sampler.set_epoch(epoch, start)
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for inputs, targets, skipped in self.loader:
-            self.skipped.extend(skipped)
-            if len(targets):
-                yield inputs, targets
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
 
 class ResidentLoader:
