@@ -15,9 +15,12 @@ from inceptionlab.data.arrays import ArraySplit
 from inceptionlab.data.image_loader import resident_image_loader
 from inceptionlab.data.sampling import EpochSampler, SkipTrackingLoader, default_num_workers
 from inceptionlab.data.splits import collate_skipping_unreadable
+from inceptionlab.data.stream_loader import stream_image_loader
 
-# data.loader choices, as make_loader reads them: auto = resident for in-memory splits, workers otherwise.
-LOADERS = ("auto", "resident", "workers")
+# data.loader choices, as make_loader reads them. auto: in-memory splits and image folders that fit are
+# resident, bigger image folders stream; stream: image folders decoded in workers, augmented on the device;
+# workers: per-image crops in DataLoader workers (the guide's path, uint8 batches).
+LOADERS = ("auto", "resident", "stream", "workers")
 
 
 class ResidentLoader:
@@ -88,14 +91,20 @@ def make_loader(
     """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise.
 
     With `images` (a ResidentImageOptions), an image folder that fits in memory (or any, for
-    mode="resident") is decoded once and augmented on the device (data/image_loader.py).
+    mode="resident") is decoded once and augmented on the device (data/image_loader.py); one that
+    does not fit (or any, for mode="stream") is decoded in workers batch by batch and augmented on
+    the device (data/stream_loader.py).
     """
     if images is not None and mode != "workers":
-        resident = resident_image_loader(dataset, images, batch_size=batch_size, train=train, seed=seed, rank=rank,
-                                         world_size=world_size, device=device or torch.device("cpu"),
-                                         num_workers=num_workers, required=mode == "resident")
-        if resident is not None:
-            return resident  # type: ignore[return-value]
+        on_images = dict(batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
+                         device=device or torch.device("cpu"), num_workers=num_workers)
+        if mode != "stream":
+            resident = resident_image_loader(dataset, images, required=mode == "resident", **on_images)
+            if resident is not None:
+                return resident  # type: ignore[return-value]
+        streamed = stream_image_loader(dataset, images, **on_images)
+        if streamed is not None:
+            return streamed
     sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
     if isinstance(dataset, ArraySplit):
         if mode in ("auto", "resident"):
