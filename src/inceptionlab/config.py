@@ -69,8 +69,10 @@ class DataConfig:
     reader: str = "imagefolder"  # imagefolder | tiny_imagenet | digits | cifar10 | fashion_mnist | mnist | imdb
     root: Optional[str] = None  # dataset folder; `--data DIR` sets it
     download: bool = True  # readers of public datasets fetch (with checksums) into root when files are missing
-    loader: str = "auto"  # auto: in-memory datasets and image folders that fit stay on the device (resident); else workers
-    cache_size: int = 342  # resident image folders: longest side kept in the uint8 cache, px (smaller images stay exact)
+    # auto: in-memory datasets and image folders that fit stay on the device (resident); bigger image folders
+    # stream (decoded in workers per batch, augmented on the device); workers: per-image crops in workers
+    loader: str = "auto"  # auto | resident | stream | workers
+    cache_size: int = 342  # resident/stream image folders: longest side decoded, px (smaller images stay exact)
     val_fraction: Optional[float] = None  # carve validation out of train (IMDB: 0.2), else the val/test split
     split_seed: int = 42  # seed of that carve-out (the guide's seed=42)
     text: TextConfig = field(default_factory=TextConfig)

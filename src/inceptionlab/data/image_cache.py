@@ -96,6 +96,26 @@ def _load_if_current(tensor_path: Path, manifest: dict[str, Any]) -> ImageCache 
                       payload["paths"], payload["unreadable"])
 
 
+def decode_to_fit(path: str, cache_size: int) -> torch.Tensor | None:
+    """One file as uint8 CHW fitting inside cache_size x cache_size; None if it cannot be decoded.
+
+    The one decode for the resident cache and the streaming loader, so both see the same pixels.
+    """
+    # torchvision: ~1.3 s at import, needed only while images are decoded
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    try:
+        image = load_rgb(path, max_side=cache_size)  # JPEGs: PIL draft decodes at 1/2, 1/4 or 1/8 scale
+    except ImageReadError:
+        return None
+    if max(image.size) > cache_size:
+        # PIL's bilinear resize is antialiased (a triangle filter as wide as the scale).
+        factor = cache_size / max(image.size)
+        size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
+        image = image.resize(size, resample=2)  # Image.Resampling.BILINEAR
+    return pil_to_tensor(image)
+
+
 class _DecodeFiles(Dataset):
     """Each file decoded to uint8 CHW fitting inside cache_size x cache_size, or None if unreadable."""
 
@@ -106,19 +126,7 @@ class _DecodeFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> torch.Tensor | None:
-        # torchvision: ~1.3 s at import, needed only while a cache is built
-        from torchvision.transforms.v2.functional import pil_to_tensor
-
-        try:
-            image = load_rgb(self.samples[index][0], max_side=self.cache_size)
-        except ImageReadError:
-            return None
-        if max(image.size) > self.cache_size:
-            # PIL's bilinear resize is antialiased (a triangle filter as wide as the scale).
-            factor = self.cache_size / max(image.size)
-            size = (max(1, round(image.width * factor)), max(1, round(image.height * factor)))
-            image = image.resize(size, resample=2)  # Image.Resampling.BILINEAR
-        return pil_to_tensor(image)
+        return decode_to_fit(self.samples[index][0], self.cache_size)
 
 
 def _keep_list(batch: list[Any]) -> list[Any]:

@@ -6,7 +6,6 @@ same batches as one that never stopped; `start` skips the samples already consum
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Iterator, Sized
 
 import torch
@@ -14,39 +13,14 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from inceptionlab.data.arrays import ArraySplit
 from inceptionlab.data.image_loader import resident_image_loader
-from inceptionlab.data.sampling import EpochSampler, default_num_workers
+from inceptionlab.data.sampling import EpochSampler, SkipTrackingLoader, default_num_workers
 from inceptionlab.data.splits import collate_skipping_unreadable
+from inceptionlab.data.stream_loader import stream_image_loader
 
-# data.loader choices, as make_loader reads them: auto = resident for in-memory splits, workers otherwise.
-LOADERS = ("auto", "resident", "workers")
-
-
-@dataclass
-class SkipTrackingLoader:
-    """Yields `(inputs, targets)` and remembers which files could not be decoded."""
-
-    loader: DataLoader
-    generator: torch.Generator  # the loader's own: worker seeds never draw on the global RNG
-    seed: int = 0
-    skipped: list[str] = field(default_factory=list)
-
-    @property
-    def sampler(self) -> EpochSampler:
-        return self.loader.sampler  # type: ignore[return-value]
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Fix the epoch's sample order and worker seeds; skip the first `start` samples."""
-        self.sampler.set_epoch(epoch, start)
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for inputs, targets, skipped in self.loader:
-            self.skipped.extend(skipped)
-            if len(targets):
-                yield inputs, targets
-
-    def __len__(self) -> int:
-        return len(self.loader)
+# data.loader choices, as make_loader reads them. auto: in-memory splits and image folders that fit are
+# resident, bigger image folders stream; stream: image folders decoded in workers, augmented on the device;
+# workers: per-image crops in DataLoader workers (the guide's path, uint8 batches).
+LOADERS = ("auto", "resident", "stream", "workers")
 
 
 class ResidentLoader:
@@ -117,14 +91,20 @@ def make_loader(
     """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise.
 
     With `images` (a ResidentImageOptions), an image folder that fits in memory (or any, for
-    mode="resident") is decoded once and augmented on the device (data/image_loader.py).
+    mode="resident") is decoded once and augmented on the device (data/image_loader.py); one that
+    does not fit (or any, for mode="stream") is decoded in workers batch by batch and augmented on
+    the device (data/stream_loader.py).
     """
     if images is not None and mode != "workers":
-        resident = resident_image_loader(dataset, images, batch_size=batch_size, train=train, seed=seed, rank=rank,
-                                         world_size=world_size, device=device or torch.device("cpu"),
-                                         num_workers=num_workers, required=mode == "resident")
-        if resident is not None:
-            return resident  # type: ignore[return-value]
+        on_images = dict(batch_size=batch_size, train=train, seed=seed, rank=rank, world_size=world_size,
+                         device=device or torch.device("cpu"), num_workers=num_workers)
+        if mode != "stream":
+            resident = resident_image_loader(dataset, images, required=mode == "resident", **on_images)
+            if resident is not None:
+                return resident  # type: ignore[return-value]
+        streamed = stream_image_loader(dataset, images, **on_images)
+        if streamed is not None:
+            return streamed
     sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
     if isinstance(dataset, ArraySplit):
         if mode in ("auto", "resident"):

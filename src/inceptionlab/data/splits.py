@@ -8,10 +8,14 @@ from typing import Any
 import torch
 
 
+def partition_unreadable(batch: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list[str]]:
+    """(the readable `(input, target)` items, the paths of the unreadable `(None, path)` ones)."""
+    return [(x, y) for x, y in batch if x is not None], [y for x, y in batch if x is None]
+
+
 def collate_skipping_unreadable(batch: list[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Stack the readable samples; return the paths of unreadable ones beside them."""
-    good = [(x, y) for x, y in batch if x is not None]
-    skipped = [y for x, y in batch if x is None]
+    good, skipped = partition_unreadable(batch)
     if not good:
         return torch.empty(0), torch.empty(0, dtype=torch.long), skipped
     inputs = torch.stack([torch.as_tensor(x) for x, _ in good])
