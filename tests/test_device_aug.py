@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as TF
+from torch.utils.data import Subset
 from conftest import make_image_folder
 from torchvision.transforms import RandomResizedCrop, v2
 from torchvision.transforms.v2 import functional as F
@@ -218,6 +219,22 @@ def test_auto_picks_resident_when_it_fits_and_stream_otherwise(folder, monkeypat
     monkeypatch.setattr(image_loader, "MEMORY_SHARE", 0.0)
     assert isinstance(make_loader(split, mode="auto", **common), StreamImageLoader)
     assert isinstance(make_loader(split, mode="resident", **common), ResidentImageLoader)
+
+
+def test_a_small_sample_is_decoded_alone_and_equals_the_cached_split(folder):
+    split = RobustImageFolder(folder / "train")
+    sample = Subset(split, [1, 4, 9, 12])  # what data.max_train_samples hands the loader
+    common = dict(batch_size=4, train=True, seed=0, num_workers=0, images=options(hflip=True), mode="resident")
+    alone = make_loader(sample, **common)
+    tensor_path, manifest_path = image_cache.cache_paths(folder / "train", 342)
+    assert not tensor_path.exists() and not manifest_path.exists()  # 4 of 15 images: no cache of all 15
+    image_cache.load_or_build(split.samples, folder / "train", 342)
+    cached = make_loader(sample, **common)  # a current cache exists now: the sample is taken from it
+    for loader in (alone, cached):
+        loader.set_epoch(1)
+    (x, y), (u, v) = next(iter(alone)), next(iter(cached))
+    assert torch.equal(x, u) and torch.equal(y, v)
+    assert sorted(y.tolist()) == sorted(split.targets[i] for i in sample.indices)
 
 
 def test_mid_epoch_start_replays_the_same_batches(folder):

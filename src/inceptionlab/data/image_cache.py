@@ -68,6 +68,12 @@ def cache_paths(split_root: Path, cache_size: int) -> tuple[Path, Path]:
     return folder / f"{stem}.pt", folder / f"{stem}.json"
 
 
+def load_current(samples: list[tuple[str, int]], split_root: Path, cache_size: int) -> ImageCache | None:
+    """The split's saved cache when its manifest matches the files; None when absent or stale."""
+    tensor_path, _ = cache_paths(split_root, cache_size)
+    return _load_if_current(tensor_path, split_manifest(samples, split_root, cache_size))
+
+
 def load_or_build(samples: list[tuple[str, int]], split_root: Path, cache_size: int, num_workers: int = 0) -> ImageCache:
     """The split's cache: loaded when its manifest matches the files, decoded (and saved) otherwise."""
     tensor_path, manifest_path = cache_paths(split_root, cache_size)
