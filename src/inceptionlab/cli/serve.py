@@ -25,7 +25,8 @@ def serve(
     precision: str = typer.Option("auto", "--precision", help="auto | fp32 | bf16 | fp16 | int8 (reduced "
                                   "precisions only when they pass the agreement rule)."),
     device: str = options.device_option(),
-    max_batch: int = typer.Option(32, "--max-batch", min=1, help="Largest batch the dynamic batcher forms."),
+    max_batch: str = typer.Option("auto", "--max-batch", help="Largest batch the dynamic batcher forms; auto: "
+                                  "32 when batch 32 runs >= 1.25x the images/s of batch 1 at start-up, else 1."),
     max_delay_ms: float = typer.Option(2.0, "--max-delay-ms", min=0, help="Longest a request waits for its "
                                        "batch to fill."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
@@ -62,7 +63,7 @@ def serve(
     runs = [*(runs or []), *run]
     if not runs and not model:
         raise UserError("give run directories to serve, or --model NAME (e.g. --model inception_v3)")
-    settings = ServeSettings(backend, precision, str(resolve_device(device)), max_batch, instances, weights,
+    settings = ServeSettings(backend, precision, str(resolve_device(device)), _max_batch(max_batch), instances, weights,
                              log=lambda message: typer.echo(message, err=True))
     served = []
     for name, run_dir in (_named(r) for r in runs or []):
@@ -92,3 +93,12 @@ def _named(arg: Path) -> tuple[Optional[str], Path]:
 
 def register(root: typer.Typer) -> None:
     root.command("serve")(serve)
+
+
+def _max_batch(value: str) -> int | None:
+    """--max-batch: a positive integer, or auto (None: measured at start-up)."""
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise UserError(f"--max-batch {value!r}: give a positive integer or auto")
+    return int(value)

@@ -1,0 +1,80 @@
+"""End-to-end training images/s of the `inceptionlab train` command on the real tiny-imagenet files.
+
+Two rows, measured in one run: the guide's loop (fp32, NCHW, `data.loader=workers`: PIL decode and
+RandomResizedCrop per image in `--workers` processes) and this engine's fast settings (bf16 autocast,
+channels_last, `data.loader=resident`: a uint8 cache augmented on the device), both Inception v3 at
+299 px, batch `--batch`, random weights (no ImageNet weights here; the arithmetic is the same).
+Each row trains `--epochs` epochs of `--samples` images through the CLI in a fresh process and
+reports the last epoch's images/s from metrics.jsonl (the first epoch pays oneDNN's kernel creation
+and, for `resident`, the cache build).
+
+    python benchmarks/train_end_to_end.py [--data ../shared/data/tiny-imagenet-200] [--samples 256]
+        [--batch 32] [--epochs 2] [--workers 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+from inceptionlab.host import cpu_model_name, load_average
+
+ROWS = {
+    "guide": ["train.precision=fp32", "train.channels_last=false", "data.loader=workers"],
+    "fast": ["train.precision=bf16", "train.channels_last=true", "data.loader=resident"],
+}
+
+
+def train_row(data: Path, out: Path, overrides: list[str], args: argparse.Namespace) -> dict:
+    sets = [*overrides, "model.weights=null", f"train.epochs={args.epochs}", f"train.batch_size={args.batch}",
+            f"data.max_train_samples={args.samples}", f"data.max_val_samples={args.batch}",
+            f"data.num_workers={args.workers}", "train.log_every=1000"]
+    cmd = [sys.executable, "-m", "inceptionlab", "train", "inception_v3/tiny_imagenet", "--data", str(data),
+           "--out", str(out), "--no-progress", "--json", *[x for s in sets for x in ("--set", s)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    run_dir = Path(json.loads(proc.stdout.strip().splitlines()[-1])["run_dir"])
+    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"images_per_s": epochs[-1]["images_per_s"], "first_epoch_images_per_s": epochs[0]["images_per_s"],
+            "command": " ".join(cmd[1:])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "data"
+                        / "tiny-imagenet-200")
+    parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    load_before = load_average()
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "tiny-imagenet-200"
+        shutil.copytree(args.data, data, ignore=shutil.ignore_patterns("test"))  # the shared copy is read-only
+        prepare_tiny_imagenet(Path(tmp), progress=False)
+        for name, overrides in ROWS.items():
+            rows[name] = train_row(data, Path(tmp) / "runs", overrides, args)
+    env = {"cpu": cpu_model_name(), "load_before": load_before, "load_after": load_average(),
+           "samples": args.samples, "batch": args.batch, "epochs": args.epochs, "workers": args.workers}
+    if args.json:
+        print(json.dumps({"rows": rows, "env": env}, indent=2))
+        return
+    guide = rows["guide"]["images_per_s"]
+    for name, row in rows.items():
+        print(f"{name:<6} {row['images_per_s']:8.2f} img/s (last epoch)  {row['images_per_s'] / guide:5.2f}x  "
+              f"first epoch {row['first_epoch_images_per_s']:.2f} img/s")
+    print(json.dumps(env))
+
+
+if __name__ == "__main__":
+    main()
