@@ -236,6 +236,15 @@ def restore_determinism():
     torch.use_deterministic_algorithms(before)
 
 
+def test_a_later_run_does_not_inherit_deterministic_mode(restore_determinism):
+    from inceptionlab.runtime import seed_everything
+
+    seed_everything(0, deterministic=True)
+    assert torch.are_deterministic_algorithms_enabled()
+    seed_everything(0, deterministic=False)  # the next run in the same process
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
 def test_bf16_and_channels_last_take_effect(image_folder, tmp_path, built):
     recipe = small_recipe_for(image_folder, "train.epochs=1", "train.precision=bf16", "train.channels_last=true")
     assert fit(recipe, tmp_path / "runs", progress=False).status == "completed"

@@ -70,9 +70,11 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+    # Set both ways: the flag is process-wide, and a later run in the same process (a notebook, the
+    # tests) must not inherit an earlier run's deterministic mode.
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
     elif torch.cuda.is_available():
         torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN/MIOpen pick kernels
