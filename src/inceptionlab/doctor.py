@@ -28,7 +28,8 @@ import torch
 
 from inceptionlab.host import cpu_model_name
 from inceptionlab.runtime import cpu_capability
-from inceptionlab.setup_plan import TorchInfo, base_interpreter, probe_torch, rocm_version, suggest_fix
+from inceptionlab.setup_plan import (TorchInfo, base_interpreter, build_kind, describe_build, probe_torch,
+                                     rocm_version, suggest_fix)
 
 if TYPE_CHECKING:
     from inceptionlab.doctor_train import TrainCheckSettings
@@ -70,18 +71,11 @@ class BuildInfo:
         return cls(cuda=torch.version.cuda, hip=getattr(torch.version, "hip", None))
 
     @property
-    def kind(self) -> Literal["cuda", "rocm", "cpu"]:
-        # ROCm wheels also set torch.version.cuda on some releases, so HIP wins.
-        if self.hip:
-            return "rocm"
-        return "cuda" if self.cuda else "cpu"
+    def kind(self) -> str:
+        return build_kind(self.hip, self.cuda)
 
     def describe(self) -> str:
-        if self.kind == "rocm":
-            return f"ROCm build, HIP {self.hip}"
-        if self.kind == "cuda":
-            return f"CUDA {self.cuda} build"
-        return "CPU-only build"
+        return describe_build(self.hip, self.cuda)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "cuda": self.cuda, "hip": self.hip, "description": self.describe()}

@@ -85,15 +85,24 @@ class TorchInfo:
 
     @property
     def kind(self) -> str:
-        # ROCm builds also set torch.version.cuda on some releases, so HIP wins (as in doctor.BuildInfo).
-        if self.hip:
-            return "rocm"
-        return "cuda" if self.cuda else "cpu"
+        return build_kind(self.hip, self.cuda)
 
     def describe(self) -> str:
-        build = {"rocm": f"ROCm build, HIP {self.hip}", "cuda": f"CUDA {self.cuda} build", "cpu": BUILD_LABELS["cpu"]}
         seen = f"{self.gpu_count} GPU(s) visible" if self.gpu_count else "no GPU visible"
-        return f"torch {self.version} ({build[self.kind]}, {seen})"
+        return f"torch {self.version} ({describe_build(self.hip, self.cuda)}, {seen})"
+
+
+def build_kind(hip: str | None, cuda: str | None) -> str:
+    """rocm, cuda or cpu: what a torch was compiled for (its torch.version.hip / .cuda)."""
+    # ROCm builds also set torch.version.cuda on some releases, so HIP wins.
+    if hip:
+        return "rocm"
+    return "cuda" if cuda else "cpu"
+
+
+def describe_build(hip: str | None, cuda: str | None) -> str:
+    return {"rocm": f"ROCm build, HIP {hip}", "cuda": f"CUDA {cuda} build", "cpu": BUILD_LABELS["cpu"]}[
+        build_kind(hip, cuda)]
 
 
 def probe_torch(python: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> TorchInfo | None:
