@@ -282,3 +282,22 @@ def test_training_resumes_bit_exactly_with_the_resident_image_loader(folder, tmp
     resumed = fit(recipe_for(folder, *extra), tmp_path / "b", stopped.run_dir, progress=False)
     a, b = state_of(straight.run_dir / "model.pt"), state_of(resumed.run_dir / "model.pt")
     assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.parametrize("size", [24, 64, 97])
+def test_sparse_upscale_weights_equal_the_dense_ones_bit_for_bit(size):
+    """The CPU shortcut for scale <= 1 (three candidate taps, scattered) gives the dense matrix exactly."""
+    from inceptionlab.data.device_aug import _dense_weights, _upscale_weights
+
+    generator = torch.Generator().manual_seed(size)
+    heights, widths = torch.randint(4, size + 1, (64,), generator=generator), torch.full((64,), size)
+    boxes = sample_crop_params(generator, heights, widths)
+    for offset, out_size in ((0, 299), (0, 150), (0, 97)):
+        scale = boxes.height.double() / out_size
+        assert bool((scale <= 1).all())
+        k = torch.arange(out_size, dtype=torch.float64)
+        center = ((k[None, :] + offset + 0.5) * scale[:, None]).float()[:, :, None]
+        sparse = _upscale_weights(center, boxes.top, boxes.height, size)
+        dense = _dense_weights(center, boxes.top, boxes.height, scale, size, antialias=True)
+        assert torch.equal(sparse, dense)
+        assert torch.allclose(dense.sum(dim=2), torch.ones(64, out_size))
