@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+from data_throughput import copy_dataset  # this folder's sibling script
 from inceptionlab.host import cpu_model_name, load_average
 
 ROWS = {
@@ -59,9 +58,7 @@ def main() -> None:
     load_before = load_average()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "tiny-imagenet-200"
-        shutil.copytree(args.data, data, ignore=shutil.ignore_patterns("test"))  # the shared copy is read-only
-        prepare_tiny_imagenet(Path(tmp), progress=False)
+        data = copy_dataset(args.data, Path(tmp))  # the shared copy is read-only
         for name, overrides in ROWS.items():
             rows[name] = train_row(data, Path(tmp) / "runs", overrides, args)
     env = {"cpu": cpu_model_name(), "load_before": load_before, "load_after": load_average(),

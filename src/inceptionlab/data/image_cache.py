@@ -68,18 +68,16 @@ def cache_paths(split_root: Path, cache_size: int) -> tuple[Path, Path]:
     return folder / f"{stem}.pt", folder / f"{stem}.json"
 
 
-def load_current(samples: list[tuple[str, int]], split_root: Path, cache_size: int) -> ImageCache | None:
-    """The split's saved cache when its manifest matches the files; None when absent or stale."""
-    tensor_path, _ = cache_paths(split_root, cache_size)
-    return _load_if_current(tensor_path, split_manifest(samples, split_root, cache_size))
+def load_or_build(samples: list[tuple[str, int]], split_root: Path, cache_size: int, num_workers: int = 0,
+                  build: bool = True) -> ImageCache | None:
+    """The split's cache: loaded when its manifest matches the files, decoded (and saved) otherwise.
 
-
-def load_or_build(samples: list[tuple[str, int]], split_root: Path, cache_size: int, num_workers: int = 0) -> ImageCache:
-    """The split's cache: loaded when its manifest matches the files, decoded (and saved) otherwise."""
+    build=False: None instead of decoding when the cache is absent or stale.
+    """
     tensor_path, manifest_path = cache_paths(split_root, cache_size)
     manifest = split_manifest(samples, split_root, cache_size)
     cached = _load_if_current(tensor_path, manifest)
-    if cached is not None:
+    if cached is not None or not build:
         return cached
     cache = decode_split(samples, cache_size, num_workers)
     payload = {"manifest": manifest, "images": cache.images, "heights": cache.heights, "widths": cache.widths,

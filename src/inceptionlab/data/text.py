@@ -57,7 +57,7 @@ _PUNCTUATION = re.compile(PUNCTUATION_PATTERN)
 
 
 class StandardizedTexts(list):
-    """Texts already standardized (`TextVectorizer.standardize_all`): fit and encode skip that step."""
+    """Texts already standardized (`standardize_all`): fit and encode skip that step."""
 
 
 def standardize_ascii(text: str) -> str:
@@ -97,7 +97,10 @@ def standardize_all(texts: Iterable[str]) -> StandardizedTexts:
 
     IMDB: 22,653 of the 25,000 training reviews are ASCII. The non-ASCII ones keep the normalizer's
     Unicode rules (see the module docstring), so the ids equal those of the saved tokenizer.json.
+    StandardizedTexts are returned as they are.
     """
+    if isinstance(texts, StandardizedTexts):
+        return texts
     normalizer = guide_normalizer()
     return StandardizedTexts(
         standardize_ascii(text) if text.isascii() else normalizer.normalize_str(text) for text in texts
@@ -155,8 +158,9 @@ class TextVectorizer:
             special_tokens=[PAD_TOKEN, OOV_TOKEN],
             show_progress=False,
         )
-        standardized = texts if isinstance(texts, StandardizedTexts) else standardize_all(texts)
-        counting = without_normalizer(guide_tokenizer())
+        standardized = standardize_all(texts)
+        counting = guide_tokenizer()
+        counting.normalizer = None  # it counts words of standardized texts
         counting.train_from_iterator(standardized, trainer=trainer, length=len(standardized))
         # Rebuild from the learnt vocabulary: training also registered "[PAD]"/"[UNK]" as added
         # tokens, which would be matched in the raw text before normalization, so a review
@@ -173,7 +177,7 @@ class TextVectorizer:
             raise TypeError("encode takes a list of texts; wrap a single text in a list")
         if len(texts) == 0:
             return torch.zeros((0, self.seq_len), dtype=torch.int64)
-        standardized = texts if isinstance(texts, StandardizedTexts) else standardize_all(texts)
+        standardized = standardize_all(texts)
         # encode_batch_fast runs on all cores and skips the character offsets nobody needs here.
         encodings = self._bare.encode_batch_fast(standardized, add_special_tokens=False)
         # Every encoding has exactly seq_len ids, so one flat fromiter with a known count fills

@@ -309,7 +309,7 @@ def choose_max_batch(served: ServedModel, clock: Callable[[], float] = time.perf
 
 
 def _best_time(engine: Engine, served: ServedModel, size: int, clock: Callable[[], float], repeats: int) -> float:
-    inputs = np.zeros((size, *served.input_shape), np.float32 if served.is_image else np.int64)
+    inputs = blank_batch(served, size)
     times = []
     for _ in range(repeats):
         start = clock()
@@ -412,10 +412,14 @@ def _image_sets(artifacts: Artifacts) -> Any:
     return sets
 
 
+def blank_batch(served: ServedModel, size: int) -> np.ndarray:
+    """Zeros of the model's input shape and dtype: images as floats, texts as token ids."""
+    return np.zeros((size, *served.input_shape), np.float32 if served.is_image else np.int64)
+
+
 def warm_up(served: ServedModel) -> None:
     """Run every bucket of every instance once (twice for the largest) before reporting ready."""
     for engine in served.engines:
         for size in engine.buckets:
-            dtype = np.float32 if served.is_image else np.int64
-            engine.run(np.zeros((size, *served.input_shape), dtype))
-        engine.run(np.zeros((engine.buckets[-1], *served.input_shape), np.float32 if served.is_image else np.int64))
+            engine.run(blank_batch(served, size))
+        engine.run(blank_batch(served, engine.buckets[-1]))
