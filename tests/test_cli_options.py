@@ -4,6 +4,7 @@ and bench's recorded command line reruns the row exactly."""
 from __future__ import annotations
 
 import shlex
+import sys
 
 import pytest
 import typer
@@ -78,3 +79,16 @@ def test_serve_takes_runs_weights_and_device_like_the_other_commands():
     assert run is not None and run.multiple and "run directory" in run.help
     assert _option(serve, "--weights").help == _option(_command("bench"), "--weights").help
     assert _option(serve, "--device").help == _option(_command("evaluate"), "--device").help
+
+
+def test_the_program_freezes_the_collector_as_it_exits_with_mains_code(monkeypatch):
+    import gc
+
+    import inceptionlab.cli as cli_module
+
+    frozen = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
+    monkeypatch.setattr(cli_module, "main", lambda: sys.exit(3))
+    with pytest.raises(SystemExit) as caught:
+        cli_module.program()
+    assert caught.value.code == 3 and frozen == [True]

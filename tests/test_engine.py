@@ -245,6 +245,19 @@ def test_a_later_run_does_not_inherit_deterministic_mode(restore_determinism):
     assert not torch.are_deterministic_algorithms_enabled()
 
 
+def test_seeding_leaves_an_unchanged_flag_alone(monkeypatch, restore_determinism):
+    """Setting the flag imports torch._inductor (~1.8 s), which must stay in the background import."""
+    from inceptionlab.runtime import seed_everything
+
+    torch.use_deterministic_algorithms(False)
+    calls = []
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *a, **k: calls.append(a))
+    seed_everything(0, deterministic=False)
+    assert calls == []
+    seed_everything(0, deterministic=True)
+    assert calls == [(True,)]
+
+
 def test_bf16_and_channels_last_take_effect(image_folder, tmp_path, built):
     recipe = small_recipe_for(image_folder, "train.epochs=1", "train.precision=bf16", "train.channels_last=true")
     assert fit(recipe, tmp_path / "runs", progress=False).status == "completed"
@@ -359,3 +372,17 @@ def test_missing_data_folder_is_a_one_line_cli_error(tmp_path, cli):
     assert result.code == 2
     assert result.err.startswith("error: ") and str(tmp_path / "nope") in result.err
     assert len(result.err.strip().splitlines()) == 1
+
+
+def test_background_imports_load_modules_and_leave_missing_ones_to_their_use(monkeypatch):
+    import sys
+    import threading
+
+    from inceptionlab.engine.session import BACKGROUND_IMPORTS, _import_in_background
+
+    assert "torch._dynamo" in BACKGROUND_IMPORTS  # every torch.optim optimizer imports it
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    sys.modules.pop("colorsys", None)
+    _import_in_background(("inceptionlab_no_such_module", "colorsys")).join()
+    assert errors == [] and "colorsys" in sys.modules

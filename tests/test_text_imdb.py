@@ -6,6 +6,7 @@ import random
 import re
 import socket
 import string
+import sys
 import tarfile
 import time
 from collections import Counter
@@ -13,12 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.trainers import WordLevelTrainer
 
 from conftest import shared_data
-from inceptionlab.data import imdb
+from inceptionlab.data import imdb, imdb_worker
 from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
-from inceptionlab.data.text import OOV_ID, PAD_ID, StandardizedTexts, TextVectorizer, standardize_all
+from inceptionlab.data.text import (OOV_ID, PAD_ID, StandardizedTexts, TextVectorizer, guide_tokenizer,
+                                    splits_like_rust, standardize_all)
 from inceptionlab.errors import UserError
 
 SEQ_LEN = 250
@@ -151,6 +154,49 @@ def test_standardized_texts_give_the_ids_and_vocabulary_of_raw_texts(subset, sub
     assert subset_vectorizer.encode(standardize_all(texts)).tolist() == expected
     refit = TextVectorizer.fit(standardize_all(subset["train"][0]))
     assert refit.vocabulary() == subset_vectorizer.vocabulary()
+
+
+def test_python_split_is_used_only_where_it_equals_the_tokenizers_split():
+    # Every code point: which ones WhitespaceSplit splits on, found 20,000 at a time between "x"s.
+    characters = [chr(code) for code in range(sys.maxunicode + 1) if not 0xD800 <= code <= 0xDFFF]
+    splitter, rust_whitespace = pre_tokenizers.WhitespaceSplit(), set()
+    for start in range(0, len(characters), 20_000):
+        chunk = characters[start : start + 20_000]
+        kept = "".join(word for word, _ in splitter.pre_tokenize_str("x" + "x".join(chunk) + "x"))
+        rust_whitespace |= set(chunk) - set(kept)
+    python_whitespace = {character for character in characters if character.isspace()}
+    assert python_whitespace - rust_whitespace == set("\x1c\x1d\x1e\x1f") and rust_whitespace <= python_whitespace
+    assert [splits_like_rust(f"a{c}b") for c in "\x1b\x1c\x1f\x20\x85\u3000"] == [True, False, False, True, True, True]
+
+
+def test_python_encoding_equals_the_tokenizer_at_every_length(subset, subset_vectorizer):
+    words = "the movie was fine zebraword and then".split()
+    texts = [" ".join(words * 40)[:n] + tail for n in (0, 1, 5, 300, 1400, 2000) for tail in ("", "  ", " \x1c x", " é")]
+    texts += [" ".join(["w"] * n) for n in (249, 250, 251)] + subset["test"][0][:200] + MIXED
+    plain = Tokenizer.from_str(subset_vectorizer.tokenizer.to_str())
+    assert subset_vectorizer.encode(texts).tolist() == [e.ids for e in plain.encode_batch(texts)]
+    assert sum(splits_like_rust(t) for t in standardize_all(texts)) > len(texts) // 2  # the fast path ran
+
+
+def test_a_tokenizer_the_python_path_cannot_mirror_is_encoded_by_the_library(subset, subset_vectorizer):
+    edited = Tokenizer.from_str(subset_vectorizer.tokenizer.to_str())
+    edited.enable_truncation(max_length=SEQ_LEN, direction="left")  # keeps the last words instead
+    vectorizer = TextVectorizer(edited)
+    long_reviews = [text for text in subset["test"][0] if len(text.split()) > 2 * SEQ_LEN][:20]
+    assert long_reviews and vectorizer._lookup is None
+    ids = vectorizer.encode(long_reviews)
+    assert ids.tolist() == [e.ids for e in edited.encode_batch(long_reviews)]
+    assert not torch.equal(ids, subset_vectorizer.encode(long_reviews))
+
+
+def test_python_vocabulary_equals_tokenizers_word_level_trainer(subset):
+    texts = standardize_all(subset["train"][0] + MIXED + ["b a", "a b", "\x1cx y\x1c"])
+    for max_tokens in (3, 50, 10_000):
+        trainer = WordLevelTrainer(vocab_size=max_tokens + 1, special_tokens=["[PAD]", "[UNK]"], show_progress=False)
+        library = guide_tokenizer()
+        library.normalizer = None
+        library.train_from_iterator(texts, trainer=trainer)
+        assert TextVectorizer.fit(texts, max_tokens=max_tokens).tokenizer.get_vocab() == library.get_vocab()
 
 
 def test_br_tag_is_replaced_after_lowercasing_as_in_the_guide(subset_vectorizer):
@@ -362,3 +408,54 @@ def test_fit_and_encode_full_train_split(full_splits, capsys):
             f"\nIMDB train (25,000 reviews): fit {fitted - start:.2f} s, encode {encoded - fitted:.2f} s,"
             f" vocab_size {vectorizer.vocab_size}"
         )
+
+
+# --- the reading worker process ----------------------------------------------------------------
+
+
+@pytest.fixture
+def worker_for_any_size(monkeypatch):
+    """The child process for the tiny test data too (it only starts for real-size data by default)."""
+    monkeypatch.setattr(imdb_worker, "WORKER_MIN_ARCHIVE_BYTES", 0)
+    monkeypatch.setattr(imdb_worker, "WORKER_MIN_FILES_PER_CLASS", 1)
+    started = []
+    real_popen = imdb_worker.subprocess.Popen
+    monkeypatch.setattr(imdb_worker.subprocess, "Popen", lambda *a, **k: started.append(a[0]) or real_popen(*a, **k))
+    return started
+
+
+def test_the_worker_reads_what_this_process_reads(tiny_acl, tmp_path, worker_for_any_size):
+    for source in (tiny_acl, tar_gz(tiny_acl, tmp_path / "aclImdb_tiny.tar.gz")):
+        in_worker = imdb_worker.read_standardized_in_worker(source)
+        assert in_worker == imdb_worker.read_standardized(source)
+        assert isinstance(in_worker["train"][0], StandardizedTexts) and in_worker["train"][1] == [0, 0, 1, 1]
+        assert in_worker["train"][0][3] == "bad byte \ufffd here"  # decoded and standardized in the child
+    assert len(worker_for_any_size) == 2 and worker_for_any_size[0][1:3] == ["-m", "inceptionlab.data.imdb_worker"]
+
+
+def test_a_bad_archive_is_reported_from_the_worker_in_one_line(tmp_path, worker_for_any_size):
+    archive = tmp_path / "aclImdb_v1.tar.gz"
+    archive.write_bytes(b"\x1f\x8b\x08\x00" + b"not really gzip" * 10)
+    with pytest.raises(UserError, match="not a readable tar archive") as caught:
+        imdb_worker.read_standardized_in_worker(archive)
+    assert str(archive) in str(caught.value) and "\n" not in str(caught.value)
+    assert worker_for_any_size  # the error came through the child
+
+
+def test_a_worker_that_cannot_run_leaves_the_reading_to_this_process(tiny_acl, monkeypatch, worker_for_any_size):
+    expected = imdb_worker.read_standardized(tiny_acl)
+    monkeypatch.setattr(imdb_worker.sys, "executable", "/bin/false")  # starts, exits 1, writes nothing
+    assert imdb_worker.read_standardized_in_worker(tiny_acl) == expected
+    monkeypatch.setattr(imdb_worker.sys, "executable", str(tiny_acl / "no-such-python"))  # cannot start
+    assert imdb_worker.read_standardized_in_worker(tiny_acl) == expected
+    assert len(worker_for_any_size) == 2
+
+
+def test_small_data_is_read_without_a_worker(tiny_acl, tmp_path, monkeypatch):
+    monkeypatch.setattr(imdb_worker.subprocess, "Popen", lambda *a, **k: pytest.fail("no child for 3 reviews per class"))
+    assert imdb_worker.read_standardized_in_worker(tiny_acl)["test"][1] == [0, 0, 1]
+    assert imdb_worker.read_standardized_in_worker(tar_gz(tiny_acl, tmp_path / "small.tar.gz"))["test"][1] == [0, 0, 1]
+    big = tmp_path / "big.tar.gz"
+    with big.open("wb") as sparse:
+        sparse.truncate(imdb_worker.WORKER_MIN_ARCHIVE_BYTES)  # the size alone decides
+    assert imdb_worker.worth_a_worker(big)

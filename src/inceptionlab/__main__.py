@@ -1,4 +1,4 @@
-from inceptionlab.cli import main
+from inceptionlab.cli import program
 
 if __name__ == "__main__":
-    main()
+    program()

@@ -71,8 +71,11 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     # Set both ways: the flag is process-wide, and a later run in the same process (a notebook, the
-    # tests) must not inherit an earlier run's deterministic mode.
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # tests) must not inherit an earlier run's deterministic mode. Only when it changes: the call
+    # imports torch._inductor (1.8 s of one core on an AMD EPYC), which session.py otherwise imports
+    # in the background while the data is read.
+    if deterministic or torch.are_deterministic_algorithms_enabled():
+        torch.use_deterministic_algorithms(deterministic, warn_only=True)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.benchmark = False

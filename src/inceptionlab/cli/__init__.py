@@ -9,6 +9,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import typer
@@ -45,3 +46,18 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def program() -> None:
+    """The `inceptionlab` program (console script and `python -m inceptionlab`): `main`, then exit.
+
+    As the process ends, objects are moved out of the collector's reach (`gc.freeze`): the
+    interpreter's final collections over torch's (and torch._dynamo's) objects took 1.0-1.2 s of
+    every command's exit on an AMD EPYC, 0.3 s after freezing. Only the garbage collector is
+    skipped: atexit handlers, module teardown and file flushing run as before. Not in `main`, which
+    tests and notebooks call in a process that goes on.
+    """
+    try:
+        main()
+    finally:
+        gc.freeze()

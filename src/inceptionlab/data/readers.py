@@ -16,10 +16,12 @@ from inceptionlab.config import DataConfig
 from inceptionlab.data.arrays import ArraySplit
 from inceptionlab.data.cifar10 import load_cifar10
 from inceptionlab.data.digits import ensure_digits_imagefolder
-from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
+from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb
+from inceptionlab.data.imdb_worker import read_standardized_in_worker
 from inceptionlab.data.mnist_idx import load_idx_split
 from inceptionlab.data.splits import SplitPair
-from inceptionlab.data.text import StandardizedTexts, TextVectorizer, standardize_all
+from inceptionlab.data.standardize import StandardizedTexts
+from inceptionlab.data.text import TextVectorizer
 from inceptionlab.data.tiny_imagenet import read_class_names
 from inceptionlab.errors import UserError
 
@@ -148,12 +150,13 @@ def read_imdb(cfg: DataConfig) -> SplitPair:
     root = _data_root(cfg)
     if cfg.download and not root.exists():
         root = download_imdb(root)
-    texts = load_imdb_splits(root)
+    # Read and standardized once, in a child process (see imdb_worker): the vocabulary fit and the
+    # encoding of every split read these.
+    texts = read_standardized_in_worker(root)
     labels = {s: torch.tensor(texts[s][1], dtype=torch.long) for s in texts}
     raw = ArraySplit(torch.arange(len(labels["train"])), labels["train"], list(CLASS_NAMES))
     train_idx, val_idx = _carve_validation(raw, cfg) if cfg.val_fraction else (raw, None)
-    # Standardized once: the vocabulary fit and the encoding of train and val both read these.
-    reviews = standardize_all(texts["train"][0])
+    reviews = texts["train"][0]
     train_texts = StandardizedTexts(reviews[i] for i in train_idx.inputs.tolist())
     if cfg.text.tokenizer:
         vectorizer = TextVectorizer.load(Path(cfg.text.tokenizer))

@@ -7,6 +7,7 @@ Data (readers -> loaders, which choose the data path), the model (registry), its
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from dataclasses import dataclass, field, replace
@@ -114,7 +115,7 @@ def _place_model(model: nn.Module, recipe: Recipe, dist: DistInfo, device: torch
 
 def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[Any, Any, Any, Any]:
     cfg = recipe.data
-    importing = _import_in_background("torch._dynamo")
+    importing = _import_in_background()
     splits = read_splits(cfg)
     importing.join()  # before any DataLoader worker forks: a fork mid-import would copy a held import lock
     train_set = cap_samples(splits.train, cfg.max_train_samples, recipe.train.seed)
@@ -132,14 +133,27 @@ def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[A
     return splits, train_loader, val_loader, test_loader
 
 
-def _import_in_background(module: str) -> threading.Thread:
-    """Import `module` in a thread while the reader works.
+# What a run imports after its data is read, in the order it needs them (AMD EPYC, one core):
+BACKGROUND_IMPORTS = (
+    "torch._dynamo",  # every torch.optim optimizer's constructor imports it: 1.3-1.8 s
+    "torch.utils.tensorboard",  # the run's event writer: 0.3 s
+    "inceptionlab.plots",  # matplotlib, for the plots at the end: 0.4-0.5 s
+)
 
-    torch.optim's first step imports torch._dynamo: 1.8 s of one core on an AMD EPYC, a fifth of the
-    IMDB recipe's ten epochs. Readers spend most of their time in code that releases the GIL (the
-    tokenizer's Rust, zlib, PIL), so the import mostly runs beside them instead of after them.
+
+def _import_in_background(modules: tuple[str, ...] = BACKGROUND_IMPORTS) -> threading.Thread:
+    """Import `modules` in a thread while the reader works.
+
+    Readers spend most of their time in code that releases the GIL (PIL, zlib, the tokenizer's
+    Rust) or in a child process (IMDB, `data/imdb_worker.py`), so the imports run beside them
+    instead of after them: 2-2.5 s of the IMDB recipe's whole command.
     """
-    thread = threading.Thread(target=importlib.import_module, args=(module,), name=f"import-{module}", daemon=True)
+    def import_all() -> None:
+        for module in modules:
+            with contextlib.suppress(ImportError):  # the import where it is used says what is missing
+                importlib.import_module(module)
+
+    thread = threading.Thread(target=import_all, name="background-imports", daemon=True)
     thread.start()
     return thread
 
