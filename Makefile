@@ -28,13 +28,19 @@ setup-plan:
 demo: setup
 	$(VENV)/bin/inceptionlab demo
 
+# The suite on every core (pytest-xdist, at most 4 workers), a whole test file per worker at a time so
+# module fixtures (trained runs, exports) are built once, one torch thread per worker: two OpenMP
+# threads per worker spin-wait on each other when the workers share 2 cores. On the 2-core AMD EPYC:
+# 495 tests in 2 min 53 s, against 5 min 40 s in one process; by test instead of by file, 3 min 44 s.
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+
 test: setup
 	$(VENV)/bin/lint-imports --no-cache  # the layer contract in pyproject.toml (DESIGN.md)
-	$(PY) -m pytest -q --ignore-glob='tests/test_serve*.py'
-	# The server tests (uvicorn threads and subprocesses, a headless browser) in a process of their own:
+	$(PYTEST) --ignore-glob='tests/test_serve*.py'
+	# The server tests (uvicorn threads and subprocesses, a headless browser) in processes of their own:
 	# after the ~480 other tests in one process, the test process died with SIGSEGV as the browser
 	# test ended (twice; never in the serve tests alone, nor after test_runtimes): see the README.
-	$(PY) -m pytest -q tests/test_serve*.py
+	$(PYTEST) tests/test_serve*.py
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py
