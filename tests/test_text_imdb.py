@@ -391,6 +391,22 @@ def test_download_offline_names_the_file_to_put_there(tmp_path, monkeypatch):
     assert imdb.IMDB_MD5 in str(caught.value)
 
 
+def test_download_to_an_archive_path_writes_that_file_not_a_folder_of_that_name(tmp_path, monkeypatch):
+    fetched = []
+
+    def fake_fetch(url, dest, md5, progress):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(b"archive")
+        fetched.append(dest)
+        return dest
+
+    monkeypatch.setattr(imdb, "fetch", fake_fetch)
+    archive = tmp_path / "data" / "imdb" / "aclImdb_v1.tar.gz"
+    assert download_imdb(archive, progress=False) == archive and archive.is_file()
+    assert download_imdb(tmp_path / "folder", progress=False) == tmp_path / "folder" / "aclImdb_v1.tar.gz"
+    assert fetched == [archive, tmp_path / "folder" / "aclImdb_v1.tar.gz"]
+
+
 # --- timing (printed, not asserted) ------------------------------------------------------------
 
 

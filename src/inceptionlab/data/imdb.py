@@ -165,12 +165,18 @@ def check_archive_complete(archive: Path, reviews: dict[str, list[Review]]) -> N
 # --- download ----------------------------------------------------------------------------------
 
 
-def download_imdb(root: str | os.PathLike, *, progress: bool = True) -> Path:
-    """Fetch (or reuse, if its md5 matches) `root/aclImdb_v1.tar.gz`; returns its path.
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 
-    `load_imdb` reads the archive directly, so there is no need to extract its 100,000 files.
+
+def download_imdb(root: str | os.PathLike, *, progress: bool = True) -> Path:
+    """Fetch (or reuse, if its md5 matches) the archive; returns its path.
+
+    `root` is the archive's own path when it ends in .tar.gz or .tgz (`--data data/imdb/aclImdb_v1.tar.gz`
+    downloads to that file), else the folder to put `aclImdb_v1.tar.gz` in. `load_imdb` reads the
+    archive directly, so there is no need to extract its 100,000 files.
     """
-    dest = Path(root) / IMDB_ARCHIVE
+    root = Path(root)
+    dest = root if root.name.endswith(ARCHIVE_SUFFIXES) else root / IMDB_ARCHIVE
     try:
         return fetch(IMDB_URL, dest, md5=IMDB_MD5, progress=progress)
     except DownloadError as exc:
