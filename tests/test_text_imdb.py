@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.models import WordLevel
 from tokenizers.trainers import WordLevelTrainer
 
 from conftest import shared_data
 from inceptionlab.data import imdb, imdb_worker
 from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
-from inceptionlab.data.text import (OOV_ID, PAD_ID, StandardizedTexts, TextVectorizer, guide_tokenizer,
-                                    splits_like_rust, standardize_all)
+from inceptionlab.data.text import (OOV_ID, PAD_ID, StandardizedTexts, TextVectorizer, splits_like_rust,
+                                    standardize_all)
 from inceptionlab.errors import UserError
 
 SEQ_LEN = 250
@@ -193,8 +194,8 @@ def test_python_vocabulary_equals_tokenizers_word_level_trainer(subset):
     texts = standardize_all(subset["train"][0] + MIXED + ["b a", "a b", "\x1cx y\x1c"])
     for max_tokens in (3, 50, 10_000):
         trainer = WordLevelTrainer(vocab_size=max_tokens + 1, special_tokens=["[PAD]", "[UNK]"], show_progress=False)
-        library = guide_tokenizer()
-        library.normalizer = None
+        library = Tokenizer(WordLevel(unk_token="[UNK]"))  # counts words of standardized texts
+        library.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         library.train_from_iterator(texts, trainer=trainer)
         assert TextVectorizer.fit(texts, max_tokens=max_tokens).tokenizer.get_vocab() == library.get_vocab()
 

@@ -60,10 +60,9 @@ TOKENIZER_FILE = "tokenizer.json"
 _ONLY_PYTHON_WHITESPACE = re.compile("[\x1c-\x1f]")
 
 
-def guide_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
-    """Normalizer + whitespace split + word-level model; an empty model when `vocab` is None."""
-    model = WordLevel(vocab, unk_token=OOV_TOKEN) if vocab is not None else WordLevel(unk_token=OOV_TOKEN)
-    tokenizer = Tokenizer(model)
+def guide_tokenizer(vocab: dict[str, int]) -> Tokenizer:
+    """Normalizer + whitespace split + word-level model over `vocab`."""
+    tokenizer = Tokenizer(WordLevel(vocab, unk_token=OOV_TOKEN))
     tokenizer.normalizer = guide_normalizer()
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return tokenizer
