@@ -36,10 +36,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 from inceptionlab.config import load_recipe
-from inceptionlab.data.image_loader import ResidentImageOptions
-from inceptionlab.data.loaders import make_loader
+from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
+from inceptionlab.data.loading.image_options import DeviceImageOptions
+from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.readers import read_splits
-from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
 from inceptionlab.host import cpu_model_name
 from inceptionlab.models.spec import Normalize
 
@@ -104,7 +104,7 @@ def package_loader(root: Path, mode: str, batch: int, workers: int, device: torc
                                                         f"data.cache_size={cache_size}"])
     splits = read_splits(recipe.data)
     loader = make_loader(splits.train, batch_size=batch, train=True, seed=0, num_workers=workers, device=device,
-                         mode=mode, images=ResidentImageOptions.from_recipe(recipe))
+                         mode=mode, images=DeviceImageOptions.from_recipe(recipe))
     loader.set_epoch(0)
     return loader
 

@@ -35,7 +35,8 @@ from torch import nn
 
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import load_recipe
-from inceptionlab.data.images import ImageReadError, expand_image_paths, load_rgb
+from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.data.readers import READERS
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError

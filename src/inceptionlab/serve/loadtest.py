@@ -46,9 +46,9 @@ import numpy as np
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from inceptionlab.data.images import expand_image_paths
-from inceptionlab.host import load_average
+from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.errors import UserError
+from inceptionlab.host import load_average
 
 # Open Inference Protocol, binary tensor data extension (Triton's, also KServe's): the JSON header's
 # length goes in this HTTP header and the raw tensor bytes follow the JSON in the same body.

@@ -31,8 +31,8 @@ import torch
 from PIL import Image
 
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.data.images import decode_rgb
-from inceptionlab.data.text import TextVectorizer
+from inceptionlab.data.io.decode import decode_rgb
+from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.infer.export import image_files, load_source, torch_logits

@@ -16,7 +16,8 @@ from typing import Any
 
 from torchvision.datasets import ImageFolder
 
-from inceptionlab.data.images import IMAGE_EXTENSIONS, ImageReadError, load_rgb
+from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS
 from inceptionlab.data.splits import SplitPair
 from inceptionlab.errors import UserError
 

@@ -26,13 +26,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from inceptionlab.data.download import (
-    DownloadError,
-    fetch,
-    open_zip,
-    safe_extract_zip,
-    show_progress,
-)
+from inceptionlab.data.io.archives import open_zip, safe_extract_zip
+from inceptionlab.data.io.download import DownloadError, fetch, show_progress
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from inceptionlab.data.images import ImageReadError, load_rgb
+from inceptionlab.data.io.decode import ImageReadError, load_rgb
 from inceptionlab.fileio import atomic_torch_save, atomic_write_json
 from PIL import Image
 

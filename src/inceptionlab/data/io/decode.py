@@ -4,9 +4,9 @@
 every quirk of real-world files is handled here once: odd pixel modes (palette, alpha, CMYK,
 16-bit, float, 1-bit), phone photos stored sideways with an EXIF orientation tag, truncated
 downloads, text files with an image extension, and images too large to decode safely.
+`decode_rgb` does the same for bytes already in memory (an upload to the server).
 
-`expand_image_paths` turns command-line inputs (files and folders) into a list of files plus
-one-line errors for the inputs that name nothing usable.
+Which files count as images, and how folders are walked for them, is `image_files.py`'s.
 """
 
 from __future__ import annotations
@@ -24,20 +24,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from inceptionlab.errors import UserError
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageReadError", "decode_rgb", "expand_image_paths", "load_rgb"]
-
-IMAGE_EXTENSIONS: tuple[str, ...] = (
-    ".jpg",
-    ".jpeg",
-    ".png",
-    ".bmp",
-    ".gif",
-    ".webp",
-    ".tif",
-    ".tiff",
-    ".ppm",
-    ".pgm",
-)
+__all__ = ["ImageReadError", "decode_rgb", "load_rgb"]
 
 # Transparent pixels are composited onto white: logos, icons and product shots with alpha are
 # drawn to be seen on a white page, and the RGB hidden under alpha=0 is often black or junk.
@@ -252,69 +239,3 @@ def _one_line(exc: BaseException) -> str:
     """PIL's message squeezed onto one line (some span several), or the exception's type."""
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# expand_image_paths
-
-
-def expand_image_paths(
-    inputs: list[str | Path], recursive: bool = True
-) -> tuple[list[Path], list[tuple[str, str]]]:
-    """Turn files and directories into a list of image files, in a deterministic order.
-
-    Directories are walked (into subdirectories when `recursive`) for files whose extension is in
-    IMAGE_EXTENSIONS, in any case, sorted as Paths (component by component, so each folder's
-    files stay together) and appended in the order of `inputs`. Hidden files and directories (dot-names, such as
-    macOS `._photo.jpg` resource forks or `.ipynb_checkpoints`) are skipped. Files named
-    explicitly are kept whatever their extension: load_rgb will say if they are not images.
-
-    Returns (files, errors); each error is (input as given, one-line message). The message does
-    not repeat the input, so a caller can print f"{input}: {message}".
-    """
-    files: list[Path] = []
-    errors: list[tuple[str, str]] = []
-    for item in inputs:
-        path = Path(item)
-        if path.is_dir():
-            found, listing_errors = _images_in_directory(path, recursive)
-            files.extend(found)
-            errors.extend((str(item), message) for message in listing_errors)
-            if not found and not listing_errors:
-                errors.append((str(item), _no_images_message()))
-        elif path.exists():
-            files.append(path)
-        else:
-            errors.append((str(item), "no such file or directory"))
-    return files, errors
-
-
-def _images_in_directory(root: Path, recursive: bool) -> tuple[list[Path], list[str]]:
-    """Sorted image files under `root`, plus a message for each directory that could not be
-    listed (reported rather than skipped, so a permission problem isn't mistaken for no data)."""
-    found: list[Path] = []
-    listing_errors: list[str] = []
-    # Symlinked folders are followed (datasets are often assembled from links, and torchvision's
-    # ImageFolder follows them too); remembering real paths stops symlink loops.
-    visited: set[str] = set()
-
-    def report(exc: OSError) -> None:
-        listing_errors.append(f"cannot list directory {exc.filename}: {exc.strerror or exc}")
-
-    for directory, subdirs, names in os.walk(root, onerror=report, followlinks=True):
-        real = os.path.realpath(directory)
-        if real in visited:
-            subdirs[:] = []
-            continue
-        visited.add(real)
-        subdirs[:] = [d for d in subdirs if not d.startswith(".")] if recursive else []
-        found.extend(Path(directory, n) for n in names if _looks_like_image(n))
-    return sorted(found), sorted(listing_errors)
-
-
-def _looks_like_image(name: str) -> bool:
-    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
-
-
-def _no_images_message() -> str:
-    return f"directory has no images (looked for {', '.join(IMAGE_EXTENSIONS)})"

@@ -1,17 +1,15 @@
 """Which samples each rank sees in each epoch: a function of (seed, epoch) alone, so runs resume exactly.
 
-Shared by every loader (worker processes, resident arrays, resident images, streamed images), with
-`SkipTrackingLoader`, the DataLoader wrapper that names the files it could not decode.
+Shared by every loader (worker processes, resident arrays, resident images, streamed images).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import Sampler
 
 
 class EpochSampler(Sampler[int]):
@@ -49,31 +47,3 @@ class EpochSampler(Sampler[int]):
 
 def default_num_workers() -> int:
     return min(8, os.cpu_count() or 1)
-
-
-@dataclass
-class SkipTrackingLoader:
-    """Yields `(inputs, targets)` and remembers which files could not be decoded."""
-
-    loader: DataLoader
-    generator: torch.Generator  # the loader's own: worker seeds never draw on the global RNG
-    seed: int = 0
-    skipped: list[str] = field(default_factory=list)
-
-    @property
-    def sampler(self) -> EpochSampler:
-        return self.loader.sampler  # type: ignore[return-value]
-
-    def set_epoch(self, epoch: int, start: int = 0) -> None:
-        """Fix the epoch's sample order and worker seeds; skip the first `start` samples."""
-        self.sampler.set_epoch(epoch, start)
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for inputs, targets, skipped in self.loader:
-            self.skipped.extend(skipped)
-            if len(targets):
-                yield inputs, targets
-
-    def __len__(self) -> int:
-        return len(self.loader)

@@ -44,7 +44,7 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 
-from inceptionlab.data.standardize import StandardizedTexts, guide_normalizer, standardize_all
+from inceptionlab.data.text.standardize import StandardizedTexts, guide_normalizer, standardize_all
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text
 

@@ -4,7 +4,7 @@ Reading the aclImdb archive (tar headers, 50,000 members) and standardizing the 
 pure Python, so it holds the GIL. The `train` command meanwhile imports `torch._dynamo` (1.3-1.8 s,
 also Python: every torch optimizer needs it), and in one process the two take turns on one core.
 A child process runs them side by side on two cores. The child is a fresh interpreter
-(`python -m inceptionlab.data.imdb_worker SOURCE`), not a multiprocessing spawn or fork: it imports
+(`python -m inceptionlab.data.text.child_reader SOURCE`), not a multiprocessing spawn or fork: it imports
 neither torch nor the caller's main module, and forking a process that holds torch's thread pools
 is not safe. It writes the pickled result to stdout; a bad source exits with the UserError's code
 and message. If the child cannot start or dies otherwise, the reading happens in this process.
@@ -18,8 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inceptionlab.data.imdb import acl_root, load_imdb_splits
-from inceptionlab.data.standardize import StandardizedTexts, standardize_all
+import inceptionlab
+from inceptionlab.data.datasets.imdb import acl_root, load_imdb_splits
+from inceptionlab.data.text.standardize import StandardizedTexts, standardize_all
 from inceptionlab.errors import UserError
 
 StandardizedSplits = dict[str, tuple[StandardizedTexts, list[int]]]
@@ -51,7 +52,7 @@ def read_standardized_in_worker(source: str | os.PathLike) -> StandardizedSplits
     source = Path(source)
     if not worth_a_worker(source):
         return read_standardized(source)
-    package_parent = str(Path(__file__).resolve().parents[2])  # the child imports this very copy
+    package_parent = str(Path(inceptionlab.__file__).resolve().parents[1])  # the child imports this very copy
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
     try:
         child = subprocess.Popen([sys.executable, "-m", __name__, str(source)], stdin=subprocess.DEVNULL,

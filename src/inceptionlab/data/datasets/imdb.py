@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
-from inceptionlab.data.download import DownloadError, fetch
+from inceptionlab.data.io.download import DownloadError, fetch
 from inceptionlab.errors import UserError
 
 CLASS_NAMES = ["neg", "pos"]  # label 0 = negative (rating <= 4), 1 = positive (rating >= 7)

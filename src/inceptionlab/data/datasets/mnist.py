@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inceptionlab.data.arrays import ArraySplit
-from inceptionlab.data.download import DownloadError, fetch
+from inceptionlab.data.io.download import DownloadError, fetch
+from inceptionlab.data.splits import ArraySplit
 from inceptionlab.errors import UserError
 
 FASHION_CLASSES = [

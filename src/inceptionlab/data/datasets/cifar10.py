@@ -15,19 +15,16 @@ and refuses everything else before it is called.
 
 from __future__ import annotations
 
-import gzip
 import os
 import pickle
-import shutil
-import tarfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from inceptionlab.data.arrays import ArraySplit
-from inceptionlab.data.download import DownloadError, fetch, inside
+from inceptionlab.data.io.archives import safe_extract_tar
+from inceptionlab.data.io.download import DownloadError, fetch
+from inceptionlab.data.splits import ArraySplit
 from inceptionlab.errors import UserError
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -235,70 +232,3 @@ def download_cifar10(root: str | os.PathLike) -> Path:
         ) from exc
     safe_extract_tar(archive, root)
     return batches
-
-
-def member_problem(member: tarfile.TarInfo) -> str | None:
-    """Why a tar member must not be extracted, or None if it is a plain file or folder inside."""
-    name = member.name
-    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
-        return "has an absolute path"
-    if ".." in name.replace("\\", "/").split("/"):
-        return "climbs out with '..'"
-    if not (member.isfile() or member.isdir()):
-        return "is a link or special file"  # CIFAR-10 has none; links could point anywhere
-    return None
-
-
-def check_member(tar_path: Path, member: tarfile.TarInfo, staging: Path) -> None:
-    problem = member_problem(member)
-    if problem is None and not inside(staging / member.name, staging):
-        problem = "would land outside the destination"
-    if problem:
-        raise UserError(f"{tar_path}: member {member.name!r} {problem}; refusing to extract this archive")
-
-
-def safe_extract_tar(tar_path: str | os.PathLike, dest_dir: str | os.PathLike) -> Path:
-    """Extract a (compressed) tar into `dest_dir` safely; re-running after a crash completes it.
-
-    Members are checked one by one (no absolute paths, no `..`, no links) and extracted with
-    tarfile's "data" filter into a hidden staging folder inside `dest_dir`; only when the whole
-    archive is out are its files renamed into place, so a killed run never leaves a partial file
-    under a final name. A refused member aborts everything and nothing reaches `dest_dir`.
-    """
-    tar_path, dest_dir = Path(tar_path), Path(dest_dir)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    staging = dest_dir / f".{tar_path.name}.extracting"
-    shutil.rmtree(staging, ignore_errors=True)  # left behind by a run that was killed
-    staging.mkdir()
-    try:
-        extract_into(tar_path, staging)
-        move_into_place(staging, dest_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return dest_dir
-
-
-def extract_into(tar_path: Path, staging: Path) -> None:
-    try:
-        # Stream mode reads the archive once; the check runs before each member is written.
-        with tarfile.open(tar_path, "r|*") as archive:
-            for member in archive:
-                check_member(tar_path, member, staging)
-                archive.extract(member, staging, filter="data")
-    except tarfile.FilterError as exc:
-        raise UserError(f"{tar_path}: {exc}; refusing to extract this archive") from exc
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise UserError(f"{tar_path} is truncated or corrupt ({exc}); delete it and download it again") from exc
-
-
-def move_into_place(source: Path, dest: Path) -> None:
-    """Rename everything under `source` into `dest`, merging into folders that already exist."""
-    for entry in sorted(source.iterdir()):
-        target = dest / entry.name
-        if not inside(target, dest):
-            raise UserError(f"{target} is a link leading outside {dest}; remove it and run again")
-        if entry.is_dir() and target.is_dir():
-            move_into_place(entry, target)
-        else:
-            os.replace(entry, target)  # atomic: the target is the old or the new file, never half
-

@@ -1,6 +1,8 @@
-"""`data.loader=resident` for image folders: decoded once, kept as uint8, augmented on the device.
+"""`data.loader=resident`: a whole split kept in memory (on the device when it fits), batched by index.
 
-The split's uint8 cache (image_cache.py) lives on the device, or in pinned host memory when it does not
+Two loaders. `ResidentLoader` serves in-memory arrays (CIFAR-10, Fashion-MNIST, tokenised IMDB).
+`ResidentImageLoader` serves image folders: decoded once, kept as uint8, augmented on the device.
+The split's uint8 cache (decoded_cache.py) lives on the device, or in pinned host memory when it does not
 fit there; each batch is one gather plus one `DeviceAugment` call that returns normalised floats in
 the training dtype and memory format. The sample order is `EpochSampler`'s (a function of seed and
 epoch); the crop/flip RNG of batch b is a generator seeded from (seed, epoch, rank, b), so a run
@@ -9,68 +11,60 @@ resumed mid-epoch draws exactly the boxes an uninterrupted run draws.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
-from torch.utils.data import Subset
 
-from inceptionlab.data.device_aug import DEFAULT_RATIO, DeviceAugment
-from inceptionlab.data.sampling import EpochSampler, default_num_workers
-from inceptionlab.runtime import AUTOCAST_DTYPES
+from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_seed, image_folder_of
+from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
+from inceptionlab.data.splits import ArraySplit
+from inceptionlab.data.transforms.device import DeviceAugment
 
 if TYPE_CHECKING:
-    from inceptionlab.data.image_cache import ImageCache
+    from inceptionlab.data.loading.decoded_cache import ImageCache
 
 # Share of free memory the cache may take: the model, activations and optimizer need the rest
 # (Inception v3 at batch 32, 299 px: ~9 GB of activations on a GPU).
 MEMORY_SHARE = 0.25
 
 
-@dataclass(frozen=True)
-class ResidentImageOptions:
-    """What the device augmentation needs from the recipe (data section, precision, memory format)."""
+class ResidentLoader:
+    """A whole in-memory split on the device, served as shuffled index batches.
 
-    train_size: int = 299
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = DEFAULT_RATIO
-    hflip: bool = False
-    val_resize_size: int = 342
-    val_crop_size: int = 299
-    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
-    std: tuple[float, ...] = (0.229, 0.224, 0.225)
-    cache_size: int = 342
-    dtype: torch.dtype = torch.float32
-    channels_last: bool = False
+    For datasets that fit in memory (CIFAR-10, Fashion-MNIST, tokenised IMDB) this replaces per-sample
+    `__getitem__` calls, collation and worker processes with one gather per batch on the device.
+    Same order and resume semantics as the DataLoader path (`EpochSampler`).
+    """
 
-    @classmethod
-    def from_recipe(cls, recipe: Any) -> "ResidentImageOptions":
-        data = recipe.data
-        return cls(data.train_crop_size, tuple(data.train_crop_scale), DEFAULT_RATIO, data.hflip,
-                   data.val_resize_size, data.val_crop_size, tuple(data.mean), tuple(data.std),
-                   data.cache_size, AUTOCAST_DTYPES[recipe.train.precision] or torch.float32,
-                   recipe.train.channels_last)
+    def __init__(self, split: ArraySplit, batch_size: int, sampler: EpochSampler, device: torch.device):
+        self.inputs = split.inputs.to(device)
+        self.targets = split.targets.to(device)
+        self.batch_size, self.sampler, self.device = batch_size, sampler, device
+        self.skipped: list[str] = []
 
-    def augment(self, train: bool) -> DeviceAugment:
-        if train:
-            return DeviceAugment(self.train_size, self.mean, self.std, True, self.scale, self.ratio, self.hflip,
-                                 dtype=self.dtype, channels_last=self.channels_last)
-        return DeviceAugment(self.val_crop_size, self.mean, self.std, False, resize_size=self.val_resize_size,
-                             dtype=self.dtype, channels_last=self.channels_last)
+    @property
+    def yields_normalised(self) -> bool:
+        """False: the split's uint8 images (or token ids) as stored; the session normalises them."""
+        return False
 
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.sampler.set_epoch(epoch, start)
 
-def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
-    """A 64-bit seed per (seed, epoch, rank, batch): batches draw independent, replayable streams."""
-    digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}/{batch}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # manual_seed takes [0, 2**63) on every device
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.device)
+        for batch in order.split(self.batch_size):
+            yield self.inputs[batch], self.targets[batch]
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.batch_size)
 
 
 @dataclass
 class ResidentImageLoader:
-    """Yields `(normalised images, targets)` batches; same interface as ResidentLoader/SkipTrackingLoader."""
+    """Yields `(normalised images, targets)` batches (the `Loader` protocol of loaders.py)."""
 
     images: torch.Tensor  # uint8 (N, 3, H, W), on the device or pinned on the host
     heights: torch.Tensor  # on the device
@@ -83,7 +77,11 @@ class ResidentImageLoader:
     seed: int = 0
     rank: int = 0
     skipped: list[str] = field(default_factory=list)
-    yields_normalised: bool = True  # the session must not normalise these batches again
+
+    @property
+    def yields_normalised(self) -> bool:
+        """True: `DeviceAugment` already normalised these batches; the session must not do it again."""
+        return True
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.sampler.set_epoch(epoch, start)
@@ -103,17 +101,6 @@ class ResidentImageLoader:
 
     def __len__(self) -> int:
         return -(-len(self.sampler) // self.batch_size)
-
-
-def image_folder_of(dataset: Any) -> tuple[Any, list[int]] | None:
-    """(ImageFolder, indices into its samples) for an image folder or a Subset of one; None otherwise."""
-    from torchvision.datasets import ImageFolder  # start-up time: torchvision only when images are read
-
-    if isinstance(dataset, Subset) and isinstance(dataset.dataset, ImageFolder):
-        return dataset.dataset, list(dataset.indices)
-    if isinstance(dataset, ImageFolder):
-        return dataset, list(range(len(dataset)))
-    return None
 
 
 def available_host_bytes() -> int:
@@ -140,7 +127,7 @@ def placement(needed: int, device: torch.device) -> torch.device | None:
 
 def resident_image_loader(
     dataset: Any,
-    options: ResidentImageOptions,
+    options: DeviceImageOptions,
     *,
     batch_size: int,
     train: bool,
@@ -158,7 +145,8 @@ def resident_image_loader(
     found = image_folder_of(dataset)
     if found is None:
         return None
-    from inceptionlab.data.image_cache import decode_split, estimated_bytes, load_or_build  # start-up time: PIL
+    # start-up time: PIL and torchvision, only when an image folder is read
+    from inceptionlab.data.loading.decoded_cache import decode_split, estimated_bytes, load_or_build
 
     folder, indices = found
     split_root = Path(folder.root)
@@ -175,7 +163,7 @@ def resident_image_loader(
     return _loader_from_cache(cache, indices, options, batch_size, train, seed, rank, world_size, device)
 
 
-def _loader_from_cache(cache: ImageCache, indices: list[int], options: ResidentImageOptions, batch_size: int,
+def _loader_from_cache(cache: ImageCache, indices: list[int], options: DeviceImageOptions, batch_size: int,
                        train: bool, seed: int, rank: int, world_size: int, device: torch.device) -> ResidentImageLoader:
     chosen = torch.tensor(indices, dtype=torch.long)
     readable = chosen[cache.readable[chosen]]

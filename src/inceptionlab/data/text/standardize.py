@@ -1,7 +1,7 @@
 """The guide's text standardization: lowercase, "<br />" -> " ", delete string.punctuation.
 
-Kept apart from `text.py` (tokenizers, numpy, torch) so that `imdb_worker` can standardize reviews in
-a child process that imports neither numpy nor torch. See `text.py` for the differences from the
+Kept apart from `vectorizer.py` (tokenizers, numpy, torch) so that `child_reader` can standardize reviews in
+a child process that imports neither numpy nor torch. See `vectorizer.py` for the differences from the
 TensorFlow code on non-ASCII text.
 """
 
@@ -51,7 +51,7 @@ def standardize_all(texts: Iterable[str]) -> StandardizedTexts:
     """Each text as `guide_normalizer()` leaves it: ASCII texts in Python, the rest by the normalizer.
 
     IMDB: 22,653 of the 25,000 training reviews are ASCII. The non-ASCII ones keep the normalizer's
-    Unicode rules (see `text.py`'s docstring), so the ids equal those of the saved tokenizer.json.
+    Unicode rules (see `vectorizer.py`'s docstring), so the ids equal those of the saved tokenizer.json.
     StandardizedTexts are returned as they are.
     """
     if isinstance(texts, StandardizedTexts):

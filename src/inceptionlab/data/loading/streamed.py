@@ -1,6 +1,6 @@
 """`data.loader=stream` for image folders too big to keep: decode in workers, augment on the device.
 
-Each DataLoader worker decodes its files with `decode_to_fit` (image_cache.py: the resident cache's
+Each DataLoader worker decodes its files with `decode_to_fit` (decoded_cache.py: the resident cache's
 own decode, so JPEGs are read at a reduced scale through PIL draft when the cache size allows it) and
 pads its batch top-left into one fixed-size uint8 tensor (batch_size, 3, cache_size, cache_size) with
 the true heights and widths beside it. The main process copies that tensor to the device (pinned and
@@ -23,10 +23,10 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from inceptionlab.data.device_aug import DeviceAugment
-from inceptionlab.data.image_loader import ResidentImageOptions, batch_seed, image_folder_of
-from inceptionlab.data.sampling import EpochSampler, SkipTrackingLoader, default_num_workers
-from inceptionlab.data.splits import partition_unreadable
+from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_seed, image_folder_of
+from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
+from inceptionlab.data.loading.workers import SkipTrackingLoader, partition_unreadable
+from inceptionlab.data.transforms.device import DeviceAugment
 
 # Batches each worker prepares ahead. 2 (PyTorch's default), not the worker path's 4: a batch of 64 at
 # cache_size 342 is 22 MB of shared memory, so 8 workers x 2 already hold 360 MB of it.
@@ -43,7 +43,7 @@ class _StreamFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[None, str]:
-        from inceptionlab.data.image_cache import decode_to_fit  # start-up time: PIL and torchvision
+        from inceptionlab.data.loading.decoded_cache import decode_to_fit  # start-up time: PIL and torchvision
 
         path, target = self.samples[index]
         image = decode_to_fit(path, self.cache_size)
@@ -75,7 +75,10 @@ class PadToFixed:
 class StreamImageLoader(SkipTrackingLoader):
     """Yields `(normalised images, targets)` on the device; `set_epoch`, `skipped` as SkipTrackingLoader."""
 
-    yields_normalised = True  # the session must not normalise these batches again
+    @property
+    def yields_normalised(self) -> bool:
+        """True: `DeviceAugment` already normalised these batches; the session must not do it again."""
+        return True
 
     def __init__(self, loader: DataLoader, generator: torch.Generator, seed: int, *, batch_size: int,
                  device: torch.device, augment: DeviceAugment, rank: int = 0):
@@ -98,7 +101,7 @@ class StreamImageLoader(SkipTrackingLoader):
 
 def stream_image_loader(
     dataset: Any,
-    options: ResidentImageOptions,
+    options: DeviceImageOptions,
     *,
     batch_size: int,
     train: bool,
@@ -116,7 +119,7 @@ def stream_image_loader(
     files = _StreamFiles([folder.samples[i] for i in indices], options.cache_size)
     sampler = EpochSampler(len(files), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
     workers = default_num_workers() if num_workers is None else num_workers
-    # Its own generator: a DataLoader otherwise draws its base seed from the global RNG (image_cache.py).
+    # Its own generator: a DataLoader otherwise draws its base seed from the global RNG (decoded_cache.py).
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         files,
