@@ -38,8 +38,8 @@ from typing import Any
 
 import httpx
 
-from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep
-from inceptionlab.serve.loadtest_report import environment
+from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep
+from inceptionlab.loadtest.report import client_environment
 
 # name -> `inceptionlab serve` options. "instances": two sessions, each with its own worker thread
 # (OpenVINO's CPU "streams" idea: two batches in flight on the cores instead of one).
@@ -254,7 +254,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--configs {','.join(unknown)}: use {', '.join(CONFIGS)}")
     started = time.time()
-    env = environment()
+    env = client_environment()
     plan = Plan(args.low_rate, args.start_rate, args.slo_ms)
     results = [measure_config(name, CONFIGS[name], args, plan, args.out) for name in names]
     bench = bench_reference(args, [r["max_batch"] for r in results])
@@ -266,7 +266,7 @@ def main() -> None:
     path = args.out / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(f"{args.model} on {args.backend} {args.precision}, {env['cpu']} ({env['cpu_count']} cores, shared: "
-          f"load average {env['loadavg'][0]:.1f} at start); payload {args.payload}; {args.duration:g} s per "
+          f"load average {env['load_average']} at start); payload {args.payload}; {args.duration:g} s per "
           f"measurement; {record['seconds']} s in all")
     print(f"low load {plan.low_rate}/s; sweeps from {plan.start_rate}/s (x1.5, then bisection to 10%); "
           f"SLO p99 <= {plan.slo_ms:g} ms")

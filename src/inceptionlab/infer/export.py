@@ -41,9 +41,9 @@ from inceptionlab.data.readers import READERS
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_bytes, atomic_write_json
+from inceptionlab.host import package_versions
 from inceptionlab.models.registry import build_model, drop_aux_heads, load_run_model, pretrained_spec
 from inceptionlab.models.spec import ModelSpec
-from inceptionlab.runtime import package_versions
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "logits"

@@ -30,9 +30,9 @@ import numpy as np
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_bytes, sha256_file
+from inceptionlab.host import package_versions
 from inceptionlab.infer.export import INPUT_NAME, load_images, normalize, quiet_stdout, shuffled
 from inceptionlab.models.spec import ModelSpec
-from inceptionlab.runtime import package_versions
 
 MIN_AGREEMENT = 0.99  # top-1 agreement with fp32 on the held-out set
 MIN_HOLDOUT_IMAGES = 200  # below this, 99% cannot be told from 97% (+-1.4% std. error at n=200)

@@ -13,16 +13,14 @@ Two ways to offer load:
   "coordinated omission").
 * **closed loop** (`concurrency`): C clients each send, wait for the answer, and send again.
 
-Requests are `POST /v2/models/{name}/infer` with the binary tensor data extension: encoded images
-as a BYTES tensor (`payload="image"`, default: the server decodes and preprocesses), or pictures
-already resized to the input shape that `GET /v2/models/{name}` reports, as UINT8 pixels
-(`"tensor"`: our server normalises them) or FP32 (`"fp32"`: what Triton serving the ONNX export takes). Outcomes are counted apart: ok (200), rejected (503: the server's bounded
-queue is full), timeout, and other errors; latency percentiles are over successful requests, and a
-rate only "holds the SLO" when p99 <= SLO *and* failures stay under `max_error_rate`.
+Requests are `POST /v2/models/{name}/infer` with the binary tensor data extension, prepared once
+(requests.py). Outcomes are counted apart: ok (200), rejected (503: the server's bounded queue is
+full), timeout, and other errors; latency percentiles are over successful requests, and a rate only
+"holds the SLO" when p99 <= SLO *and* failures stay under `max_error_rate`. The server's own view
+(average batch size, queue and compute time) is read from its `/metrics` (server_metrics.py).
 
-The server's own view is read from `/metrics` (Prometheus text) before and after each measurement:
-inferences / executions = average batch size, and mean queue and compute time per request (our
-server's `inceptionlab_*` metrics or Triton's `nv_inference_*`).
+A client: it imports serve's protocol codec and nothing else of serve, and no torch (start-up time;
+the import-linter contract in pyproject.toml and tests/test_loadtest.py hold it to that).
 
 Everything is bounded: the schedule ends at `duration`, every request has a `timeout`, in-flight
 requests are capped, and the loop stops by itself.
@@ -31,11 +29,7 @@ requests are capped, and the loop stops by itself.
 from __future__ import annotations
 
 import asyncio
-import io
-import json
 import math
-import os
-import struct
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,25 +37,13 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 import numpy as np
-from PIL import Image
-from prometheus_client.parser import text_string_to_metric_families
 
-from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.errors import UserError
 from inceptionlab.host import load_average
+from inceptionlab.loadtest.requests import PAYLOADS, ModelInfo, Prepared, encoded_images, prepare_requests
+from inceptionlab.loadtest.server_metrics import scrape, server_stats
 
-# Open Inference Protocol, binary tensor data extension (Triton's, also KServe's): the JSON header's
-# length goes in this HTTP header and the raw tensor bytes follow the JSON in the same body.
-HEADER_LENGTH = "Inference-Header-Content-Length"
-PAYLOADS = ("image", "tensor", "fp32")
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
-# Numeric datatypes of the protocol -> numpy (BYTES is length-prefixed, handled apart).
-NUMPY_DTYPES = {"UINT8": np.uint8, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
-                "FP16": np.float16, "FP32": np.float32, "FP64": np.float64}
-# Generated JPEGs when no images are given and the sample pictures are absent: 500x375 is the
-# typical ImageNet validation picture (~110 KB decoded, ~20-40 KB as JPEG).
-GENERATED_SIZE = (500, 375)
-GENERATED_COUNT = 8
 # A closed-loop client waiting on a stalled server is one case; an open loop whose server is far
 # past saturation would keep opening requests forever. Past this many in flight the client stops
 # sending and counts the request as "not_sent" (it is reported, never hidden).
@@ -130,139 +112,6 @@ def percentile_key(q: float) -> str:
     return f"p{q:g}".replace(".", "") + "_ms"  # 99.9 -> p999_ms
 
 
-# --------------------------------------------------------------------------------------- payloads
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """One ready request body: JSON header + binary tensor data, and its headers."""
-
-    body: bytes
-    headers: dict[str, str]
-
-
-def bytes_tensor(items: list[bytes]) -> bytes:
-    """A BYTES tensor in the binary extension: each element as a 4-byte little-endian length + data."""
-    return b"".join(struct.pack("<I", len(item)) + item for item in items)
-
-
-def infer_body(input_name: str, datatype: str, shape: list[int], data: bytes,
-               output: str | None = None) -> Prepared:
-    """An infer request whose one input travels as binary data after the JSON header. Outputs are
-    asked for in binary too: 1000 float logits as JSON text would cost the client ~10x more to read."""
-    header: dict[str, Any] = {
-        "inputs": [{"name": input_name, "shape": shape, "datatype": datatype,
-                    "parameters": {"binary_data_size": len(data)}}],
-        "parameters": {"binary_data_output": True},
-    }
-    if output:
-        header["outputs"] = [{"name": output, "parameters": {"binary_data": True}}]
-    text = json.dumps(header, separators=(",", ":")).encode()
-    return Prepared(text + data, {HEADER_LENGTH: str(len(text)), "Content-Type": "application/octet-stream"})
-
-
-def response_header(response: httpx.Response) -> dict[str, Any]:
-    """The JSON part of an infer response (binary extension or plain JSON)."""
-    length = response.headers.get(HEADER_LENGTH)
-    content = response.content[: int(length)] if length else response.content
-    return json.loads(content)
-
-
-def image_files(folders: list[Path]) -> list[Path]:
-    """Image files of --images, else the sample pictures beside the repository, else []."""
-    if folders:
-        files, errors = expand_image_paths(list(folders))
-        if errors:
-            where, message = errors[0]
-            raise UserError(f"--images {where}: {message}; pass a folder of JPEG/PNG files")
-        return files
-    sample = _sample_image_dir()
-    return expand_image_paths([sample])[0] if sample.is_dir() else []
-
-
-def _sample_image_dir() -> Path:
-    # The same pictures `export` checks parity on (INCEPTIONLAB_SAMPLE_IMAGES overrides); not imported
-    # from infer.export because that module loads torch (+2 s) and the client needs none of it.
-    return Path(os.environ.get("INCEPTIONLAB_SAMPLE_IMAGES", "../shared/data/imagenet-sample/images"))
-
-
-def generated_jpegs(count: int = GENERATED_COUNT, size: tuple[int, int] = GENERATED_SIZE,
-                    seed: int = 0) -> list[bytes]:
-    """Smooth random pictures saved as JPEG (quality 90): real decode work, no files needed."""
-    rng = np.random.default_rng(seed)
-    width, height = size
-    pictures = []
-    for _ in range(count):
-        # Low-frequency colour fields, upsampled: compress like photos, unlike white noise.
-        small = rng.integers(0, 256, size=(height // 25 + 1, width // 25 + 1, 3), dtype=np.uint8)
-        image = Image.fromarray(small).resize((width, height), Image.BILINEAR)
-        buffer = io.BytesIO()
-        image.save(buffer, format="JPEG", quality=90)
-        pictures.append(buffer.getvalue())
-    return pictures
-
-
-def encoded_images(folders: list[Path]) -> list[bytes]:
-    files = image_files(folders)
-    if not files:
-        return generated_jpegs()
-    return [path.read_bytes() for path in files]
-
-
-def tensor_pictures(encoded: list[bytes], channels: int, height: int, width: int, dtype: Any) -> list[np.ndarray]:
-    """Pictures resized to the model's input (CHW), as the model's input datatype. UINT8 stays raw
-    pixels (the server normalises); float inputs get pixel / 255 (values do not change the timing)."""
-    arrays = []
-    for data in encoded:
-        image = Image.open(io.BytesIO(data)).convert("L" if channels == 1 else "RGB").resize((width, height))
-        pixels = np.asarray(image, dtype=np.uint8).reshape(height, width, channels).transpose(2, 0, 1)
-        if np.dtype(dtype).kind == "f":
-            arrays.append(np.ascontiguousarray(pixels, dtype=dtype) / np.asarray(255, dtype=dtype))
-        else:
-            arrays.append(np.ascontiguousarray(pixels.astype(dtype)))
-    return arrays
-
-
-@dataclass
-class ModelInfo:
-    name: str
-    inputs: list[dict[str, Any]]
-    outputs: list[dict[str, Any]]
-
-    def input_for(self, payload: str) -> dict[str, Any]:
-        """The input to send `payload` to. Encoded images go to a listed BYTES input, else to the one
-        image input (ours lists FP32 [-1, C, H, W] and also takes BYTES [N] and UINT8 there); tensors
-        go to the image input, whose shape fixes theirs."""
-        images = [i for i in self.inputs if len(i.get("shape", [])) in (3, 4)]
-        if payload == "image":
-            listed = [i for i in self.inputs if i.get("datatype") == "BYTES"]
-            if listed or len(images) == 1:
-                return (listed or images)[0]
-        elif images:
-            return images[0]
-        found = ", ".join(f"{i.get('name')} {i.get('datatype')} {i.get('shape')}" for i in self.inputs) or "none"
-        raise UserError(f"model {self.name}: no input to send --payload {payload} to (inputs: {found})")
-
-
-def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
-    """One request body per picture (batch 1 each: batching is the server's job). image: the file's
-    bytes as BYTES [1]; tensor: UINT8 [1, C, H, W] pixels (4x smaller than float; our server
-    normalises); fp32: FP32 pixels / 255 (what Triton serving the ONNX export takes)."""
-    spec = info.input_for(payload)
-    output = info.outputs[0]["name"] if info.outputs else None
-    if payload == "image":
-        return [infer_body(spec["name"], "BYTES", [1], bytes_tensor([data]), output) for data in encoded]
-    shape = [int(d) for d in spec.get("shape", [])]
-    if any(d < 1 for d in shape[-3:]):
-        raise UserError(f"model {info.name}: input {spec['name']} has shape {shape}; --payload {payload} needs "
-                        "[-1, C, H, W] with fixed C, H, W")
-    datatype = "UINT8" if payload == "tensor" else "FP32"
-    channels, height, width = shape[-3:]
-    request_shape = [1, channels, height, width] if len(shape) == 4 else [channels, height, width]
-    return [infer_body(spec["name"], datatype, request_shape, array.tobytes(), output)
-            for array in tensor_pictures(encoded, channels, height, width, NUMPY_DTYPES[datatype])]
-
-
 # --------------------------------------------------------------------------------------- server
 
 
@@ -307,85 +156,6 @@ async def wait_ready(client: httpx.AsyncClient, url: str, timeout: float = 60.0)
         if time.perf_counter() > deadline:
             raise UserError(f"{url}: not ready after {timeout:.0f} s (GET /v2/health/ready)")
         await asyncio.sleep(0.2)
-
-
-# Counters read from /metrics, per server family. Times are cumulative; `scale` turns them into ms.
-# Ours are prometheus-client histograms (`_sum` in seconds, `_count`): queue and whole-request time
-# per request, compute time per executed batch. Triton's are microsecond counters summed over
-# requests (a batch's compute time counts once per request in it), divided by successful requests.
-METRIC_FAMILIES = {
-    "inceptionlab": {
-        "inferences": "inceptionlab_inferences_total", "executions": "inceptionlab_executions_total",
-        "queue": "inceptionlab_queue_seconds_sum", "queue_count": "inceptionlab_queue_seconds_count",
-        "compute": "inceptionlab_compute_seconds_sum", "compute_count": "inceptionlab_compute_seconds_count",
-        "request": "inceptionlab_request_seconds_sum", "request_count": "inceptionlab_request_seconds_count",
-        "scale": 1e3,
-    },
-    "triton": {
-        "inferences": "nv_inference_count", "executions": "nv_inference_exec_count",
-        "queue": "nv_inference_queue_duration_us", "queue_count": "nv_inference_request_success",
-        "compute": "nv_inference_compute_infer_duration_us", "compute_count": "nv_inference_request_success",
-        "request": "nv_inference_request_duration_us", "request_count": "nv_inference_request_success",
-        "scale": 1e-3,
-    },
-}
-
-
-def parse_metrics(text: str, model: str | None = None) -> dict[str, float]:
-    """Prometheus text -> {sample name: value summed over label sets}, keeping only samples of
-    `model` when they carry a model label (Triton and ours label per model)."""
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_created"):  # prometheus-client's series creation timestamps
-                continue
-            if model is not None and "model" in sample.labels and sample.labels["model"] != model:
-                continue
-            key = sample.name if not sample.labels.get("outcome") else f"{sample.name}{{outcome={sample.labels['outcome']}}}"
-            values[key] = values.get(key, 0.0) + float(sample.value)
-    return values
-
-
-def server_stats(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, Any]:
-    """What the server saw during a measurement: average batch size and mean queue/compute ms per
-    request, from the difference of its counters. {} when it has no metrics we know. `request_ms`
-    (the whole request inside the server) minus queue and compute is parsing, decoding and encoding."""
-    if not before or not after:
-        return {}
-    for family, names in METRIC_FAMILIES.items():
-        if names["inferences"] not in after:
-            continue
-        delta = {key: after.get(name, 0.0) - before.get(name, 0.0)
-                 for key, name in names.items() if isinstance(name, str)}
-        stats: dict[str, Any] = {"metrics": family, "inferences": int(delta["inferences"]),
-                                 "executions": int(delta["executions"])}
-        stats["avg_batch"] = round(delta["inferences"] / delta["executions"], 3) if delta["executions"] > 0 else None
-        for part in ("queue", "compute", "request"):
-            count = delta[f"{part}_count"]
-            stats[f"{part}_ms"] = round(delta[part] * names["scale"] / count, 3) if count > 0 else None
-        stats["outcomes"] = _outcome_deltas(before, after)
-        return stats
-    return {}
-
-
-def _outcome_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
-    outcomes = {}
-    for key, value in after.items():
-        if "{outcome=" in key:
-            outcome = key.split("{outcome=", 1)[1].rstrip("}")
-            outcomes[outcome] = int(value - before.get(key, 0.0))
-    return outcomes
-
-
-async def scrape(client: httpx.AsyncClient, url: str, model: str | None) -> dict[str, float] | None:
-    """The server's counters now, or None when it has no readable /metrics."""
-    try:
-        response = await client.get(f"{url}/metrics")
-        if response.status_code != 200:
-            return None
-        return parse_metrics(response.text, model)
-    except (httpx.HTTPError, ValueError):
-        return None
 
 
 # --------------------------------------------------------------------------------------- one request
@@ -571,8 +341,8 @@ async def sweep_rates(measure_rate: Callable[[float], Awaitable[dict[str, Any]]]
 
 
 @dataclass
-class Session:
-    """An open client, the model's metadata and the prepared request bodies."""
+class LoadClient:
+    """A client ready to offer load: its HTTP connection pool, the model's metadata, the prepared bodies."""
 
     client: httpx.AsyncClient
     info: ModelInfo
@@ -580,7 +350,7 @@ class Session:
     step: int = -1
 
 
-async def open_session(settings: LoadSettings) -> Session:
+async def open_client(settings: LoadSettings) -> LoadClient:
     limits = httpx.Limits(max_connections=settings.connections, max_keepalive_connections=settings.connections)
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(settings.timeout), headers=headers)
@@ -591,7 +361,7 @@ async def open_session(settings: LoadSettings) -> Session:
     except BaseException:
         await client.aclose()
         raise
-    return Session(client, info, requests)
+    return LoadClient(client, info, requests)
 
 
 async def _warm_up(client: httpx.AsyncClient, settings: LoadSettings, info: ModelInfo,
@@ -614,13 +384,13 @@ async def _error_detail(client: httpx.AsyncClient, endpoint: str, request: Prepa
         return ""
 
 
-def _run(coroutine_factory: Callable[[Session], Awaitable[Any]], settings: LoadSettings) -> Any:
+def _run(coroutine_factory: Callable[[LoadClient], Awaitable[Any]], settings: LoadSettings) -> Any:
     async def main() -> Any:
-        session = await open_session(settings)
+        client = await open_client(settings)
         try:
-            return await coroutine_factory(session)
+            return await coroutine_factory(client)
         finally:
-            await session.client.aclose()
+            await client.client.aclose()
 
     return asyncio.run(main())
 
@@ -630,8 +400,8 @@ def run_load(settings: LoadSettings) -> dict[str, Any]:
     settings.check()
     if settings.rate is None and settings.concurrency is None:
         raise UserError("give --rate R or --concurrency C (or --sweep)")
-    return _run(lambda s: measure(s.client, settings, s.info, s.requests, settings.rate, settings.concurrency),
-                settings)
+    return _run(lambda load: measure(load.client, settings, load.info, load.requests, settings.rate,
+                                     settings.concurrency), settings)
 
 
 def run_sweep(settings: LoadSettings, start_rate: float | None = None, factor: float = 1.6,
@@ -643,10 +413,10 @@ def run_sweep(settings: LoadSettings, start_rate: float | None = None, factor: f
         raise UserError("--sweep raises an open-loop rate; drop --concurrency")
     start = start_rate or settings.rate or 1.0
 
-    async def sweep(session: Session) -> dict[str, Any]:
+    async def sweep(load: LoadClient) -> dict[str, Any]:
         async def measure_rate(rate: float) -> dict[str, Any]:
-            step = session.step = session.step + 1  # a fresh Poisson draw per step
-            return await measure(session.client, settings, session.info, session.requests, rate=rate,
+            step = load.step = load.step + 1  # a fresh Poisson draw per step
+            return await measure(load.client, settings, load.info, load.requests, rate=rate,
                                  seed=settings.seed + step)
 
         return await sweep_rates(measure_rate, start, factor, resolution, max_steps, on_row)

@@ -7,27 +7,19 @@ plots/loadtest.png     p50/p99/p99.9 latency and achieved rate against offered r
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from inceptionlab.host import cpu_model_name
+from inceptionlab import host
 from inceptionlab.plots import save_figure
 
 
-def environment() -> dict[str, Any]:
-    """The client machine (the server's may differ): CPU, cores, load, versions."""
-    versions = {"python": platform.python_version()}
-    for name in ("httpx", "numpy"):
-        try:
-            versions[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return {"cpu": cpu_model_name(), "cpu_count": os.cpu_count(), "host": platform.node(),
-            "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "versions": versions}
+def client_environment() -> dict[str, Any]:
+    """The client machine (the server's may differ): the torch-free base of the one environment record
+    (host.environment), with the command line's --api-key value hidden."""
+    return {**host.environment(), "argv": redacted(sys.argv)}
 
 
 def redacted(argv: list[str]) -> list[str]:
