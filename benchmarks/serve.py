@@ -169,7 +169,7 @@ def log(message: str) -> None:
 def bench_reference(args: argparse.Namespace, batches: list[int]) -> dict[int, float]:
     """images/s of the same runtime and precision from `bench`, per batch size (no server running)."""
     from inceptionlab.infer.bench import BenchSettings, Config, run_bench
-    from inceptionlab.infer.export import load_source
+    from inceptionlab.infer.source import load_source
     from inceptionlab.infer.runtimes import NATIVE_LAYOUT, RUNTIMES
 
     source = load_source(model=args.model, weights="random")

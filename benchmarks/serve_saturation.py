@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def bench_img_per_s(args: argparse.Namespace) -> dict:
     from inceptionlab.infer.bench import BenchSettings, Config, run_bench
-    from inceptionlab.infer.export import load_source
+    from inceptionlab.infer.source import load_source
     from inceptionlab.infer.runtimes import NATIVE_LAYOUT
 
     # runs/exports under the workdir: where `serve` (run there) looks, so both use the same export

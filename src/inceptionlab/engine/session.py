@@ -32,7 +32,7 @@ from inceptionlab.runtime import resolve_device, seed_everything
 
 
 @dataclass
-class Session:
+class TrainingSession:
     """Everything a run needs, built once from the recipe."""
 
     recipe: Recipe
@@ -61,7 +61,7 @@ class Session:
         return sorted(set(self.train_loader.skipped + self.val_loader.skipped))
 
 
-def build_session(recipe: Recipe) -> Session:
+def build_training_session(recipe: Recipe) -> TrainingSession:
     # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
     recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
     dist = init_distributed(_device_type(recipe.train.device))
@@ -82,7 +82,7 @@ def build_session(recipe: Recipe) -> Session:
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
     notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}"]
-    return Session(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
+    return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
                    train_loader, val_loader, settings, notes, splits, test_loader)
 
 

@@ -35,19 +35,21 @@ from inceptionlab.data.io.decode import decode_rgb
 from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
-from inceptionlab.infer.export import image_files, load_source, torch_logits
+from inceptionlab.infer.inputs import image_files
+from inceptionlab.infer.parity import torch_logits
 from inceptionlab.infer.quantize import image_sets, judge
 from inceptionlab.infer.runtimes import (
     NATIVE_LAYOUT,
     PRECISIONS,
     REDUCED_PRECISIONS,
     Artifacts,
-    Session,
+    RuntimeSession,
     Target,
     TorchSession,
     Unsupported,
     get_runtime,
 )
+from inceptionlab.infer.source import load_source
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.serve.protocol import InputTensor, ProtocolError
@@ -104,7 +106,7 @@ def auto_backend(device: str, input_kind: str) -> str:
 class Engine:
     """One instance of a model: sessions by bucket (one shared session for dynamic-shape runtimes)."""
 
-    sessions: dict[int, Session]
+    sessions: dict[int, RuntimeSession]
     buckets: list[int]
 
     def bucket(self, count: int) -> int:
