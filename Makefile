@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Where torch comes from (src/inceptionlab/setup_plan.py decides; `make setup-plan` shows it):
+# Where torch comes from (tools/setup_plan.py decides; `make setup-plan` shows it):
 # - a GPU build that $(PYTHON) already has (AMD's ROCm or NVIDIA's PyTorch container) is reused:
 #   the venv sees the system's site-packages and torch/torchvision are not reinstalled;
 # - TORCH_INDEX=URL installs TORCH_PINS from that wheel index (PyTorch's ROCm or CUDA builds);
@@ -11,7 +11,7 @@ PY     := $(VENV)/bin/python
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 TORCH_INDEX ?=
 TORCH_FROM_SYSTEM ?= auto
-SETUP_PLAN = $(PYTHON) src/inceptionlab/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
+SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
 	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --extras test,demo
 
 .PHONY: setup setup-plan demo test bench lint clean
@@ -47,7 +47,7 @@ bench: setup
 
 lint: setup
 	$(PY) -m pip install -q ruff
-	$(PY) -m ruff check --select F,E9,B --ignore B905,B008 --line-length 120 src tests benchmarks
+	$(PY) -m ruff check --select F,E9,B --ignore B905,B008 --line-length 120 src tests benchmarks tools
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
