@@ -23,7 +23,7 @@ class CliResult:
 @pytest.fixture
 def cli(capsys):
     """Run `inceptionlab ARGS...` in-process; returns exit code, stdout and stderr."""
-    from inceptionlab.cli import main
+    from inceptionlab.cli.app import main
 
     def run(*args: str) -> CliResult:
         capsys.readouterr()

@@ -18,7 +18,7 @@ import torch
 from conftest import shared_data
 from PIL import Image
 
-from inceptionlab.cli import main
+from inceptionlab.cli.app import main
 from inceptionlab.config import load_recipe
 from inceptionlab.engine.fit import fit
 

@@ -38,7 +38,7 @@ def cli_module():
 
     from conftest import CliResult
 
-    from inceptionlab.cli import main
+    from inceptionlab.cli.app import main
 
     def run(*args):
         out, err = io.StringIO(), io.StringIO()
