@@ -78,10 +78,8 @@ def load_images(files: list[Path], spec: ModelSpec) -> np.ndarray:
     images = []
     for path in files:
         try:
-            image = load_rgb(path, max_side=spec.resize_size)
-            if spec.channels == 1:  # Fashion-MNIST-style models take one grey channel (as predict does)
-                image = image.convert("L")
-            images.append(torch.as_tensor(transform(image)))
+            # The spec's transform converts channels too (one grey channel for Fashion-MNIST-style models).
+            images.append(torch.as_tensor(transform(load_rgb(path, max_side=spec.resize_size))))
         except (ImageReadError, OSError, ValueError):
             continue
     if not images:

@@ -217,9 +217,7 @@ class ServedModel:
             raise ProtocolError(f"image {name}: empty; send the image file's bytes")
         _check_pixels(data, name)
         image = decode_rgb(data, name, max_side=self.spec.resize_size)
-        if self.spec.channels == 1:  # Fashion-MNIST-style models take one grey channel
-            image = image.convert("L")
-        return np.asarray(torch.as_tensor(self.transform(image)))
+        return np.asarray(torch.as_tensor(self.transform(image)))  # the spec's transform converts channels too
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, int]:
         if not texts:
