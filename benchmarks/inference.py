@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 
 from inceptionlab.infer.bench import BenchSettings, Config, append_results, environment, result_records, run_bench
-from inceptionlab.infer.source import load_source
 from inceptionlab.infer.runtimes import RUNTIMES, Target
+from inceptionlab.infer.source import load_source
 
 # (backend, precision, layout): the reference, the best of each runtime, and its int8 path.
 DEFAULT_CONFIGS = (
