@@ -181,3 +181,24 @@ def test_every_benchmark_that_writes_results_has_a_table_on_the_performance_page
 
     assert written == shown
     assert all((REPO / "benchmarks" / f"{name}.py").exists() for name in shown)
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The ids Python-Markdown's toc (MkDocs) gives a page's headings; GitHub's differ only in cases unused here."""
+    from markdown.extensions.toc import slugify
+
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), flags=re.M)
+    return {slugify(re.sub(r"[`*]", "", heading), "-") for heading in headings}
+
+
+def test_the_readme_links_only_to_pages_and_headings_that_exist():
+    """The README is not part of the site, so the strict build does not check its links: this does."""
+    readme = (REPO / "README.md").read_text()
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"[a-z]+:", t)]
+
+    assert len(targets) > 10  # the README is a landing page: it links into the docs
+    for target in targets:
+        path, _, anchor = target.partition("#")
+        assert (REPO / path).is_file(), f"README links to {target}: no such file"
+        if anchor:
+            assert anchor in heading_anchors(REPO / path), f"README links to {target}: no such heading"
