@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,3 +205,18 @@ def test_the_readme_links_only_to_pages_and_headings_that_exist():
         assert (REPO / path).is_file(), f"README links to {target}: no such file"
         if anchor:
             assert anchor in heading_anchors(REPO / path), f"README links to {target}: no such heading"
+
+
+def test_a_benchmark_run_writes_a_result_the_performance_page_renders(tmp_path):
+    """The smallest run of a real benchmark script: its file carries rows and machine, and renders."""
+    env = {**os.environ, results.RESULTS_ENV: str(tmp_path), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_throughput.py"), "--size", "75", "--batch", "2",
+                    "--steps", "1", "--warmup", "1", "--configs", "plain"], env=env, check=True, capture_output=True,
+                   timeout=240)
+
+    (path,) = tmp_path.glob("train_throughput--*.json")
+    record = json.loads(path.read_text())
+    assert [row["config"] for row in record["rows"]] == ["plain"] and record["rows"][0]["img_per_s"] > 0
+    assert record["env"]["cpu"] and record["env"]["versions"]["torch"]
+    table = results.render_benchmark("train_throughput", tmp_path)
+    assert f"**{record['env']['cpu']} (" in table and "| plain | fp32 |" in table
