@@ -210,7 +210,7 @@ COLUMNS = [("config", "config"), ("low_p50_ms", "p50 ms at low load", ".1f"), ("
            ("rate_vs_unbatched", "vs unbatched", ".2f"), ("sat_tensor_per_s", "saturation, tensors/s", ".1f"),
            ("sat_batch", "avg batch", ".2f"), ("bench_img_per_s", "bench img/s, same batch", ".1f"),
            ("overhead_ratio", "server/bench", ".2f"), ("sat_image_per_s", "saturation, JPEG/s", ".1f"),
-           ("decode_share", "decode share", ".0%")]
+           ("decode_share", "decode share", ".0%"), ("loadavg", "load average before, after", ".1f")]
 
 
 def main() -> None:
