@@ -14,7 +14,7 @@ TORCH_FROM_SYSTEM ?= auto
 SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
 	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --extras test,demo
 
-.PHONY: setup setup-plan demo test bench lint clean
+.PHONY: setup setup-plan demo test docs docs-serve bench lint clean
 
 setup: $(VENV)/.installed
 
@@ -39,8 +39,19 @@ test: setup
 	$(PYTEST) --ignore-glob='tests/test_serve*.py'
 	# The server tests (uvicorn threads and subprocesses, a headless browser) in processes of their own:
 	# after the ~480 other tests in one process, the test process died with SIGSEGV as the browser
-	# test ended (twice; never in the serve tests alone, nor after test_runtimes): see the README.
+	# test ended (twice; never in the serve tests alone, nor after test_runtimes).
 	$(PYTEST) tests/test_serve*.py
+
+# The docs site (mkdocs.yml): strict, so a broken link or a missing page fails; offline. The CLI
+# reference and the performance tables are generated in the build (docs/hooks/generated.py).
+# `make test` builds it too (tests/test_docs.py). NO_MKDOCS_2_WARNING: Material's end-of-life banner.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+
+docs: setup
+	$(MKDOCS) build --strict
+
+docs-serve: setup
+	$(MKDOCS) serve
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py
@@ -50,4 +61,4 @@ lint: setup
 	$(PY) -m ruff check --select F,E9,B --ignore B905,B008 --line-length 120 src tests benchmarks tools
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build site src/*.egg-info
