@@ -25,8 +25,8 @@ import pytest
 from inceptionlab import host
 from inceptionlab.errors import UserError
 from inceptionlab.loadtest import generator as lt
+from inceptionlab.loadtest.payloads import infer_body
 from inceptionlab.loadtest.report import format_table, plot_latency_vs_rate
-from inceptionlab.loadtest.requests import infer_body
 from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats
 from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements
 

@@ -16,7 +16,7 @@ import inceptionlab
 from inceptionlab.data.io.image_files import SAMPLE_IMAGES_ENV, sample_image_files
 from inceptionlab.infer.inputs import default_image_files, load_images, normalize
 from inceptionlab.infer.predict import Predictor
-from inceptionlab.loadtest.requests import image_files as loadtest_image_files
+from inceptionlab.loadtest.payloads import image_files as loadtest_image_files
 from inceptionlab.models.spec import ModelSpec
 
 BUNDLED = Path(inceptionlab.__file__).resolve().parent / "resources" / "sample_images"

@@ -14,7 +14,7 @@ Two ways to offer load:
 * **closed loop** (`concurrency`): C clients each send, wait for the answer, and send again.
 
 Requests are `POST /v2/models/{name}/infer` with the binary tensor data extension, prepared once
-(requests.py). Outcomes are counted apart: ok (200), rejected (503: the server's bounded queue is
+(payloads.py). Outcomes are counted apart: ok (200), rejected (503: the server's bounded queue is
 full), timeout, and other errors; latency percentiles are over successful requests, and a rate only
 "holds the SLO" when p99 <= SLO *and* failures stay under `max_error_rate`. The server's own view
 (average batch size, queue and compute time) is read from its `/metrics` (server_metrics.py).
@@ -40,7 +40,7 @@ import numpy as np
 
 from inceptionlab.errors import UserError
 from inceptionlab.host import load_average
-from inceptionlab.loadtest.requests import PAYLOADS, ModelInfo, Prepared, encoded_images, prepare_requests
+from inceptionlab.loadtest.payloads import PAYLOADS, ModelInfo, Prepared, encoded_images, prepare_requests
 from inceptionlab.loadtest.server_metrics import scrape, server_stats
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
