@@ -32,9 +32,9 @@ def train_tiny_run(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def serve_model(run_dir: Path, backend: str = "eager", max_batch: int = 8):
-    from inceptionlab.serve.models import ServeSettings, load_served_model
+    from inceptionlab.serve.models import ModelLoadSettings, load_served_model
 
-    settings = ServeSettings(backend=backend, precision="fp32", device="cpu", max_batch=max_batch,
+    settings = ModelLoadSettings(backend=backend, precision="fp32", device="cpu", max_batch=max_batch,
                              log=lambda message: None)
     return load_served_model(settings, run_dir=run_dir, name="tiny")
 

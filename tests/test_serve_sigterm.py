@@ -58,24 +58,31 @@ def server(tmp_path_factory):
             process.communicate()
 
 
-async def _load_then_sigterm(base: str, process: subprocess.Popen, body: bytes, count: int):
+async def wait_for_backlog(http: httpx.AsyncClient, at_least: int = 10) -> float:
+    """Poll /metrics until the server holds a backlog (bounded: 400 polls)."""
+    for _ in range(400):
+        metrics = (await http.get("/metrics")).text
+        pending = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("inceptionlab_pending_requests"))
+        if pending >= at_least:
+            break
+    return pending
+
+
+async def _load_then_sigterm(base: str, process: subprocess.Popen, body: bytes, count: int, after=None):
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=httpx.Limits(max_connections=count)) as http:
         tasks = [asyncio.create_task(http.post("/v1/classify", content=body)) for _ in range(count)]
-        for _ in range(400):  # bounded: wait until a backlog is queued in the server
-            metrics = (await http.get("/metrics")).text
-            pending = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                          if line.startswith("inceptionlab_pending_requests"))
-            if pending >= 10:
-                break
+        pending = await wait_for_backlog(http)
         process.send_signal(signal.SIGTERM)
         readiness = (await http.get("/v2/health/ready")).status_code
+        during = await after() if after else None
         results = await asyncio.gather(*tasks, return_exceptions=True)
-    return pending, readiness, results
+    return pending, readiness, results, during
 
 
 def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(server):
     base, process, body = server
-    pending, readiness, results = asyncio.run(_load_then_sigterm(base, process, body, 48))
+    pending, readiness, results, _ = asyncio.run(_load_then_sigterm(base, process, body, 48))
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output
     assert pending >= 10 and readiness == 503
@@ -86,3 +93,28 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(server):
     assert len(answered) >= pending and len(answered) + len(refused) == 48
     assert all(len(r.json()["results"][0]["topk"]) == 3 for r in answered)
     assert "draining: readiness 503" in output and "drained" in output
+
+
+def test_answers_while_draining_carry_a_json_error_and_close_the_connection(server):
+    """perf_analyzer failed with "The document is empty" when the server stopped under load: requests
+    sent on a keep-alive connection as the server exited got no answer at all. While draining, every
+    answer is the protocol's JSON error and says `Connection: close`, so clients reconnect (and are
+    refused with a body) instead of reusing a connection the server is about to close."""
+    base, process, body = server
+
+    async def while_draining():
+        async with httpx.AsyncClient(base_url=base, timeout=30) as fresh:
+            return [await fresh.post("/v2/models/tiny/infer", content=b'{"inputs": []}'),
+                    await fresh.post("/v1/classify", content=body),
+                    await fresh.get("/v2/health/ready"),
+                    await fresh.get("/v2/models/tiny/ready")]
+
+    pending, readiness, results, during = asyncio.run(_load_then_sigterm(base, process, body, 48, while_draining))
+    process.communicate(timeout=120)
+    assert pending >= 10 and readiness == 503 and process.returncode == 0
+    assert [r.status_code for r in during] == [503, 503, 503, 503]
+    assert all(r.headers["connection"] == "close" for r in during)
+    assert all(isinstance(r.json().get("error"), str) for r in during[:2])
+    assert "shutting down" in during[0].json()["error"] and during[2].json() == {"ready": False}
+    # The keep-alive connections that carried the backlog were closed after their answers, each one given.
+    assert all(isinstance(r, httpx.Response) and r.status_code in (200, 503) and r.json() for r in results)

@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 from serve_helpers import serve_model
 
 from inceptionlab.infer.text import TextPredictor
-from inceptionlab.serve.app import ServerSettings, create_app
+from inceptionlab.serve.app import create_app
+from inceptionlab.serve.service import RequestSettings
 
 REVIEWS = ["The movie was great! Wonderful acting and a moving story.", "Dull, boring and far too long. Awful."]
 
@@ -25,7 +26,7 @@ def imdb(tmp_path_factory):
     recipe = load_recipe("imdb/text_classifier", [f"data.root={data}", "train.epochs=1"])
     run_dir = fit(recipe, tmp_path_factory.mktemp("imdb"), progress=False).run_dir
     served = serve_model(run_dir)
-    with TestClient(create_app([served], ServerSettings())) as client:
+    with TestClient(create_app([served], RequestSettings())) as client:
         yield run_dir, client
 
 

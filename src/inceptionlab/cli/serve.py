@@ -54,17 +54,18 @@ def serve(
       curl -s --data-binary @dog.jpg 'http://127.0.0.1:8000/v1/classify?model=inception_v3'
     """
     from inceptionlab.runtime import resolve_device
-    from inceptionlab.serve.app import API_KEY_ENV, ServerSettings, create_app
-    from inceptionlab.serve.models import BACKENDS, ServeSettings, load_served_model
+    from inceptionlab.serve.app import API_KEY_ENV, create_app
+    from inceptionlab.serve.models import BACKENDS, ModelLoadSettings, load_served_model
     from inceptionlab.serve.server import serve_forever
+    from inceptionlab.serve.service import RequestSettings
 
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: use one of {', '.join(BACKENDS)}")
     runs = [*(runs or []), *run]
     if not runs and not model:
         raise UserError("give run directories to serve, or --model NAME (e.g. --model inception_v3)")
-    settings = ServeSettings(backend, precision, str(resolve_device(device)), _max_batch(max_batch), instances, weights,
-                             log=lambda message: typer.echo(message, err=True))
+    settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _max_batch(max_batch), instances,
+                                 weights, log=lambda message: typer.echo(message, err=True))
     served = []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))
@@ -77,7 +78,7 @@ def serve(
     for m in served:
         typer.echo(f"serving {m.describe()}")
     key = api_key or os.environ.get(API_KEY_ENV) or None
-    app = create_app(served, ServerSettings(max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key))
+    app = create_app(served, RequestSettings(max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key))
     typer.echo(f"ready: http://{host}:{port}/ (KServe v2 at /v2, metrics at /metrics"
                f"{', API key required' if key else ''}); SIGTERM drains and exits", err=False)
     serve_forever(app, host, port, drain_s)

@@ -2,9 +2,14 @@
 
 uvicorn's own SIGTERM handling closes the listening socket at once and, after its shutdown,
 re-raises the signal (the process then dies by SIGTERM, exit status 143). Here the first SIGTERM
-or SIGINT turns readiness to 503 and refuses new requests while queued and running ones are
-answered (at most `drain_s`), then uvicorn shuts down and the process exits 0. A second signal
-forces the exit.
+or SIGINT turns readiness to 503 (gRPC: NOT_SERVING) and refuses new requests (503 with a JSON body;
+gRPC: UNAVAILABLE) while queued and running ones are answered (at most `drain_s`), then uvicorn and
+the gRPC server shut down and the process exits 0. A second signal forces the exit.
+
+Keep-alive connections: when the drain begins, idle HTTP connections are closed and busy ones close
+after their answer (which says `Connection: close`, app.CloseWhileDraining). Left open, a client may
+send its next request on one just as the server exits and closes it: that request gets no answer at
+all, which perf_analyzer reported as "failed to parse the request JSON buffer: The document is empty".
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ class DrainingServer(uvicorn.Server):
     async def _drain(self) -> None:
         state = self.app.state.serve
         print(f"draining: readiness 503, answering accepted requests (at most {self.drain_s:g} s)", flush=True)
+        state.stop_accepting()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # uvicorn's own: idle ones close now, busy ones after their answer
         complete = await state.drain(self.drain_s)
         print("drained" if complete else "drain time over: exiting with requests unanswered", flush=True)
         self.should_exit = True
