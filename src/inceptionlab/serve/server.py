@@ -6,10 +6,13 @@ or SIGINT turns readiness to 503 (gRPC: NOT_SERVING) and refuses new requests (5
 gRPC: UNAVAILABLE) while queued and running ones are answered (at most `drain_s`), then uvicorn and
 the gRPC server shut down and the process exits 0. A second signal forces the exit.
 
-Keep-alive connections: when the drain begins, idle HTTP connections are closed and busy ones close
-after their answer (which says `Connection: close`, app.CloseWhileDraining). Left open, a client may
-send its next request on one just as the server exits and closes it: that request gets no answer at
-all, which perf_analyzer reported as "failed to parse the request JSON buffer: The document is empty".
+Keep-alive connections: while draining, every answer says `Connection: close` (app.CloseWhileDraining),
+so each connection a client uses during the drain is closed after its answer, and the client's next
+request opens a new one and gets a 503 with a JSON body. Idle connections are left open until the
+exit, not closed when the drain begins: a client may be sending on one at that moment, and a request
+on a connection the server closes gets no answer at all, which perf_analyzer reports as "failed to
+parse the request JSON buffer: The document is empty" (its HTTP client parses the empty body of a
+failed transfer). After the exit, a client that goes on sending meets a closed port, whatever the server did.
 """
 
 from __future__ import annotations
@@ -45,9 +48,6 @@ class DrainingServer(uvicorn.Server):
     async def _drain(self) -> None:
         state = self.app.state.serve
         print(f"draining: readiness 503, answering accepted requests (at most {self.drain_s:g} s)", flush=True)
-        state.stop_accepting()
-        for connection in list(self.server_state.connections):
-            connection.shutdown()  # uvicorn's own: idle ones close now, busy ones after their answer
         complete = await state.drain(self.drain_s)
         print("drained" if complete else "drain time over: exiting with requests unanswered", flush=True)
         self.should_exit = True

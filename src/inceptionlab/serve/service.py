@@ -197,6 +197,10 @@ class ServeState:
         unknown = [o for o in request.outputs if o not in OUTPUTS]
         if unknown:
             raise ProtocolError(f"model {model.name!r} has no output {unknown[0]!r}; it has {', '.join(OUTPUTS)}")
+        try:
+            self.batchers[model.name].check_size(request.inputs[0].batch)  # before decoding what would be refused
+        except ValueError as exc:
+            raise ServeError("invalid", str(exc)) from None
         item, count = await self.in_thread(model.prepare_tensor, request.inputs[0])
         result = await self.submit(model.name, item, count, timeout_s)
         counted.outcome = "success"
