@@ -34,7 +34,7 @@ def test_text_classify_matches_predict_text(imdb):
     run_dir, client = imdb
     expected = list(TextPredictor.from_run(run_dir, torch.device("cpu")).predict(REVIEWS))
     meta = client.get("/v2/models/tiny").json()
-    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
     for review, want in zip(REVIEWS, expected):
         got = client.post("/v1/classify", json={"text": review}).json()["results"][0]
         assert got["label"] == want["label"] and got["probability"] == pytest.approx(want["probability"], abs=1e-5)
