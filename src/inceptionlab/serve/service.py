@@ -57,11 +57,11 @@ class Kind:
     outcome: str  # the metrics outcome label
 
 
+# What a refused request is, in each protocol. (A missing API key and a body over --max-body-mb are
+# refused before any route runs: 401/UNAUTHENTICATED and 413/RESOURCE_EXHAUSTED, by each front end.)
 KINDS = {
     "invalid": Kind(400, "INVALID_ARGUMENT", "bad_request"),
-    "unauthenticated": Kind(401, "UNAUTHENTICATED", "bad_request"),
     "not_found": Kind(404, "NOT_FOUND", "bad_request"),
-    "too_large": Kind(413, "RESOURCE_EXHAUSTED", "bad_request"),
     "queue_full": Kind(503, "RESOURCE_EXHAUSTED", "rejected"),
     "draining": Kind(503, "UNAVAILABLE", "rejected"),
     "timeout": Kind(504, "DEADLINE_EXCEEDED", "timeout"),
