@@ -14,7 +14,7 @@ TORCH_FROM_SYSTEM ?= auto
 SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
 	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --extras test,demo
 
-.PHONY: setup setup-plan demo test docs docs-serve bench lint clean
+.PHONY: setup setup-plan demo test docs docs-serve bench lint proto clean
 
 setup: $(VENV)/.installed
 
@@ -59,6 +59,11 @@ bench: setup
 lint: setup
 	$(PY) -m pip install -q ruff
 	$(PY) -m ruff check --select F,E9,B --ignore B905,B008 --line-length 120 src tests benchmarks tools
+
+# The gRPC server's messages: Triton's .proto files (src/inceptionlab/serve/proto, verbatim) compiled by
+# grpcio-tools' protoc (pinned in the `proto` extra, part of `test`) into serve/proto/inference.binpb.
+proto: setup
+	$(PY) -m inceptionlab.serve.proto
 
 clean:
 	rm -rf $(VENV) build site src/*.egg-info

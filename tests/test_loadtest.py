@@ -430,15 +430,17 @@ def real_server():
     """`inceptionlab serve`'s app with a tiny model (max batch 8, 5 ms delay, queue of 4) on 127.0.0.1."""
     models = pytest.importorskip("inceptionlab.serve.models")
     app_module = pytest.importorskip("inceptionlab.serve.app")
+    from inceptionlab.infer.batching import batch_buckets
     from inceptionlab.infer.runtimes import TorchSession
     from inceptionlab.models.spec import ModelSpec
+    from inceptionlab.serve.service import RequestSettings
 
     spec = ModelSpec("tiny", 3, ["a", "b", "c"], crop_size=32, resize_size=36)
-    buckets = models.batch_buckets(8)
+    buckets = batch_buckets(8)
     net = SlowTinyNet().eval()
     engine = models.Engine({b: TorchSession(net, "fp32", "nchw", "cpu", b) for b in buckets}, buckets)
     served = models.ServedModel("tiny", spec, "test", "eager", "fp32", "cpu", [engine], max_batch=8)
-    app = app_module.create_app([served], app_module.ServerSettings(max_delay_ms=5.0, max_queue=4))
+    app = app_module.create_app([served], RequestSettings(max_delay_ms=5.0, max_queue=4))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
