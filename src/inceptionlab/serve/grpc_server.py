@@ -3,12 +3,8 @@ tritonclient.grpc and `perf_analyzer -i grpc` call) and the standard health serv
 (grpc.health.v1, for Kubernetes gRPC probes), on grpc.aio in the HTTP app's event loop, on the same
 models, batchers, metrics and drain (service.ServeState).
 
-Messages come from the descriptor set compiled from Triton's .proto files (serve/proto), loaded
-into a private descriptor pool. Generated *_pb2.py modules would register `inference.*` in
-protobuf's process-wide default pool, where tritonclient.grpc registers its own copy of the same
-messages: a process importing both fails with "duplicate symbol 'inference.ServerLiveRequest'"
-(kserve/kserve#3099, SeldonIO/MLServer#1730). With a private pool a server and Triton's client live
-in one process (the tests; a model that calls Triton).
+Messages come from the descriptor set compiled from Triton's .proto files, loaded into a private
+descriptor pool (serve/proto says why), the same definitions the load generator's gRPC client uses.
 
 Inference answers in the form it was asked: raw_input_contents in, raw_output_contents out (what
 Triton's clients send and read); typed contents in (`contents.fp32_contents`, ...), typed out.
@@ -30,11 +26,11 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+from google.protobuf import json_format, message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from inceptionlab.errors import UserError
-from inceptionlab.serve.proto import DESCRIPTOR_SET, here
+from inceptionlab.serve.proto import message, pool
 from inceptionlab.serve.protocol import (
     CONTENTS_FIELDS,
     NUMPY_TO_DTYPE,
@@ -54,20 +50,6 @@ PUBLIC_METHODS = {f"/{SERVICE}/ServerLive", f"/{SERVICE}/ServerReady",
                   "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"}
 # After the drain every accepted request has its answer; calls still open are only sending it.
 STOP_GRACE_S = 5.0
-
-
-@functools.cache
-def _pool() -> descriptor_pool.DescriptorPool:
-    files = descriptor_pb2.FileDescriptorSet.FromString((here() / DESCRIPTOR_SET).read_bytes())
-    pool = descriptor_pool.DescriptorPool()
-    for file in files.file:
-        pool.Add(file)
-    return pool
-
-
-def message(name: str) -> Any:
-    """The message class `inference.NAME` of the private pool."""
-    return message_factory.GetMessageClass(_pool().FindMessageTypeByName(f"inference.{name}"))
 
 
 def _from_dict(name: str, data: dict[str, Any]) -> Any:
@@ -157,7 +139,7 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         state = self.state
         model = state.model(request.model_name)
-        async with state.counted(model.name) as counted:
+        async with state.counted(model.name, "grpc") as counted:
             state.refuse_early(model.name)
             raw = len(request.raw_input_contents) > 0
             # Raw tensors are views of the message (np.frombuffer); typed ones are copied element by
@@ -182,7 +164,7 @@ def _answering_errors(rpc: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[An
 
 
 def _inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
-    service = _pool().FindServiceByName(SERVICE)
+    service = pool().FindServiceByName(SERVICE)
     handlers = {}
     for method in service.methods:
         rpc = getattr(servicer, method.name, None)

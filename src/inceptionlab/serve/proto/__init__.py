@@ -7,15 +7,28 @@ Protocol's gRPC service (KServe's grpc_predict_v2.proto is its subset, with the 
 service names) plus Triton's ModelConfig, ModelStatistics and RepositoryIndex, which Triton's clients
 and perf_analyzer call. `inference.binpb` is what protoc makes of them (a FileDescriptorSet);
 regenerate it with `make proto`, i.e. `python -m inceptionlab.serve.proto`, whose protoc is
-grpcio-tools pinned in the `proto` extra. serve/grpc_server.py says why a descriptor set and not
-*_pb2.py modules.
+grpcio-tools pinned in the `proto` extra.
+
+`message(NAME)` is the class of `inference.NAME` from a private descriptor pool loaded from that set:
+the server (serve/grpc_server.py) and the load generator's gRPC client (loadtest/grpc_client.py) use
+the same definitions. A private pool, not generated *_pb2.py modules: those would register
+`inference.*` in protobuf's process-wide default pool, where tritonclient.grpc registers its own copy
+of the same messages, and a process importing both fails with "duplicate symbol
+'inference.ServerLiveRequest'" (kserve/kserve#3099, SeldonIO/MLServer#1730). With a private pool a
+server, our client and Triton's client live in one process (the tests; a model that calls Triton).
+
+Only protobuf is needed here (no grpcio, no torch): the load generator may import this module.
 """
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 PROTOS = ("grpc_service.proto", "model_config.proto")
 DESCRIPTOR_SET = "inference.binpb"
@@ -23,6 +36,21 @@ DESCRIPTOR_SET = "inference.binpb"
 
 def here() -> Path:
     return Path(str(resources.files(__name__)))
+
+
+@functools.cache
+def pool() -> descriptor_pool.DescriptorPool:
+    """The messages and services of inference.binpb, in a pool of their own."""
+    files = descriptor_pb2.FileDescriptorSet.FromString((here() / DESCRIPTOR_SET).read_bytes())
+    private = descriptor_pool.DescriptorPool()
+    for file in files.file:
+        private.Add(file)
+    return private
+
+
+def message(name: str) -> Any:
+    """The message class `inference.NAME` of the private pool."""
+    return message_factory.GetMessageClass(pool().FindMessageTypeByName(f"inference.{name}"))
 
 
 def descriptor_set_bytes() -> bytes:
