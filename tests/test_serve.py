@@ -163,7 +163,7 @@ def test_repository_index_and_statistics_count_what_metrics_count(tiny):
     assert inference["compute_input"]["count"] == inference["compute_infer"]["count"] == \
         inference["compute_output"]["count"] == 3  # perf_analyzer refuses unequal compute counts
     assert inference["success"]["ns"] == pytest.approx(
-        _metric(metrics, 'inceptionlab_success_seconds_total{model="tiny"}') * 1e9, rel=1e-6)
+        _metric(metrics, 'inceptionlab_success_seconds_sum{model="tiny",protocol="http"}') * 1e9, rel=1e-6)
     assert inference["queue"]["ns"] == pytest.approx(
         _metric(metrics, 'inceptionlab_queue_seconds_sum{model="tiny"}') * 1e9, rel=1e-6)
     assert 0 < inference["compute_infer"]["ns"] < inference["success"]["ns"]
@@ -257,7 +257,7 @@ def test_concurrent_requests_are_batched_and_counted(tiny):
     inferences = _metric(metrics, 'inceptionlab_inferences_total{model="tiny"}')
     executions = _metric(metrics, 'inceptionlab_executions_total{model="tiny"}')
     assert inferences == 32 and executions < 32  # several requests shared a batch
-    assert _metric(metrics, 'inceptionlab_requests_total{model="tiny",outcome="success"}') == 32
+    assert _metric(metrics, 'inceptionlab_requests_total{model="tiny",outcome="success",protocol="http"}') == 32
     assert _metric(metrics, 'inceptionlab_queue_seconds_count{model="tiny"}') == 32
     assert _metric(metrics, 'inceptionlab_pending_requests{model="tiny"}') == 0
 
@@ -276,7 +276,8 @@ def test_overload_rejects_with_503_and_answers_every_accepted_request(tiny):
     rejected = [r for r in responses if r.status_code == 503]
     assert all(r.headers["retry-after"] == "1" and "queued" in r.json()["error"] for r in rejected)
     assert all(len(r.json()["results"][0]["topk"]) == 3 for r in responses if r.status_code == 200)
-    assert _metric(metrics, 'inceptionlab_requests_total{model="tiny",outcome="rejected"}') == codes.count(503)
+    rejected = _metric(metrics, 'inceptionlab_requests_total{model="tiny",outcome="rejected",protocol="http"}')
+    assert rejected == codes.count(503)
     assert _metric(metrics, 'inceptionlab_inferences_total{model="tiny"}') == codes.count(200)
     assert 1 <= state.batchers["tiny"].peak_queue <= 4  # the queue never grew past --max-queue
 

@@ -289,7 +289,7 @@ def test_overload_is_resource_exhausted_and_every_accepted_request_is_answered(t
     assert all(r.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--max-queue 4" in r.message() for r in refused)
     assert all(r.as_numpy("probabilities").shape == (1, 3) for r in answered)
     rejected = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                   if line.startswith('inceptionlab_requests_total{model="tiny",outcome="rejected"}'))
+                   if line.startswith('inceptionlab_requests_total{model="tiny",outcome="rejected",protocol="grpc"}'))
     assert rejected == len(refused) and stats["inference_count"] == len(answered)
     assert 1 <= state.batchers["tiny"].peak_queue <= 4
 
@@ -319,8 +319,9 @@ def test_deadlines_the_servers_and_the_clients_are_deadline_exceeded(tiny):
     assert server_timeout.value.status() == "StatusCode.DEADLINE_EXCEEDED"
     assert "--timeout-s 0.5" in server_timeout.value.message()
     assert client_deadline.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    series = 'inceptionlab_requests_total{{model="tiny",outcome="{}",protocol="grpc"}}'
     counts = {outcome: sum(float(line.split()[-1]) for line in metrics.splitlines()
-                           if line.startswith(f'inceptionlab_requests_total{{model="tiny",outcome="{outcome}"}}'))
+                           if line.startswith(series.format(outcome)))
               for outcome in ("timeout", "cancelled")}
     # The client's deadline: our own timer (set to the time it has left) or its cancellation, whichever fires first.
     assert counts["timeout"] >= 1 and counts["timeout"] + counts["cancelled"] == 2
@@ -371,7 +372,8 @@ def test_descriptor_set_is_what_protoc_makes_of_the_protos():
 def test_every_rpc_tritonclient_calls_has_the_same_messages_on_the_wire():
     """Triton's client and our server compile the same service: each method's request and response
     messages have the same fields (numbers, types, names) on both sides."""
-    from inceptionlab.serve.grpc_server import SERVICE, _pool
+    from inceptionlab.serve.grpc_server import SERVICE
+    from inceptionlab.serve.proto import pool as _pool
 
     theirs = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     ours = _pool().FindServiceByName(SERVICE)

@@ -156,9 +156,10 @@ class ServeState:
     # ------------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def counted(self, name: str) -> AsyncIterator[Counted]:
+    async def counted(self, name: str, protocol: str) -> AsyncIterator[Counted]:
         """One request's bookkeeping for every inference route of both protocols: the library's
-        errors become ServeErrors, and every request is counted by outcome with its time."""
+        errors become ServeErrors, and every request is counted by front end (metrics.PROTOCOLS)
+        and outcome with its time."""
         started = time.perf_counter()
         counted = Counted()
         try:
@@ -173,7 +174,7 @@ class ServeState:
             counted.outcome = "cancelled"
             raise
         finally:
-            self.metrics.record_request(name, counted.outcome, time.perf_counter() - started)
+            self.metrics.record_request(name, protocol, counted.outcome, time.perf_counter() - started)
 
     def refuse_early(self, name: str) -> None:
         """Refuse before parsing when the queue is full or the server drains: an overloaded server
