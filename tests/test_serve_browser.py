@@ -67,3 +67,76 @@ def test_page_loads_and_an_upload_shows_the_right_top_label(tmp_path_factory, br
         assert rows[0].text == expected and len(rows) == 3  # top-k of a 3-class model
         assert browser.find_element(By.CSS_SELECTOR, "#results b").text == image.name
         assert "ms on the server" in browser.find_element(By.ID, "time").text
+
+
+LIVE_ROW = '#live tr[data-model="tiny"][data-protocol="{}"]'
+
+
+def _live_row(browser, protocol: str) -> dict[str, str] | None:
+    """One row of the page's live table, read in one go (the page redraws it every second)."""
+    return browser.execute_script(
+        "const row = document.querySelector(arguments[0]);"
+        "return row ? Object.fromEntries([...row.cells].map((c) => [c.className, c.textContent])) : null;",
+        LIVE_ROW.format(protocol))
+
+
+def test_the_page_shows_the_server_at_work_per_protocol(tmp_path_factory, browser):
+    """Requests sent over HTTP and gRPC appear on the page, each under its protocol, from the server's metrics."""
+    import httpx
+    import numpy as np
+    import tritonclient.grpc as tg
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run_dir, data = train_tiny_run(tmp_path_factory)
+    image = sorted((data / "val").rglob("*.png"))[0].read_bytes()
+    app = create_app([serve_model(run_dir)], RequestSettings(max_delay_ms=20), grpc_address="127.0.0.1:0")
+    with uvicorn_thread(app) as base:
+        browser.get(base + "/")
+        wait = WebDriverWait(browser, 30)
+        before = wait.until(lambda b: (row := _live_row(b, "http")) and _live_row(b, "grpc") and row)
+        assert before["requests"] == "0" and before["rate"] in ("0.0", "-") and before["p50"] == "-"
+        for _ in range(6):
+            assert httpx.post(f"{base}/v1/classify", content=image, timeout=60).status_code == 200
+        with tg.InferenceServerClient(f"127.0.0.1:{app.state.serve.grpc_port}") as client:
+            for _ in range(3):
+                tensor = tg.InferInput("image_bytes", [1, 1], "BYTES")
+                tensor.set_data_from_numpy(np.array([[image]], dtype=object))
+                client.infer("tiny", [tensor])
+        http = wait.until(lambda b: (row := _live_row(b, "http")) and row["requests"] == "6" and row)
+        grpc = wait.until(lambda b: (row := _live_row(b, "grpc")) and row["requests"] == "3" and row)
+        # The same redraw that counted them shows their rate and latency (each point covers the last 5 s).
+        assert float(http["rate"]) > 0 and float(http["p50"]) > 0 and float(http["p99"]) >= float(http["p50"])
+        assert float(grpc["rate"]) > 0 and http["rejected"] == grpc["rejected"] == "0"
+        assert float(http["batch"]) >= 1.0 and http["queue"] == "0"
+        # The requests/s chart: a line per protocol, each ending in a dot above the zero line (y = 100).
+        dots = browser.execute_script("return Object.fromEntries([...document.querySelectorAll('#chart-rate circle')]"
+                                      ".map((c) => [c.dataset.series, +c.getAttribute('cy')]));")
+        assert set(dots) == {"http", "grpc"} and all(0 <= y < 100 for y in dots.values())
+        assert len(browser.execute_script("return document.querySelectorAll('#chart-rate path');")) == 2
+
+
+def test_a_small_image_is_previewed_enlarged_without_smoothing(tmp_path_factory, tmp_path, browser):
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    run_dir, _ = train_tiny_run(tmp_path_factory)
+    Image.new("RGB", (8, 8), (250, 40, 40)).save(tmp_path / "digit.png")  # the digits demo's size
+    Image.new("RGB", (200, 150), (40, 40, 250)).save(tmp_path / "photo.png")
+    with uvicorn_thread(create_app([serve_model(run_dir)], RequestSettings())) as base:
+        browser.get(base + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda b: b.find_element(By.ID, "image-ui").is_displayed())
+        browser.find_element(By.ID, "files").send_keys(f"{tmp_path / 'digit.png'}\n{tmp_path / 'photo.png'}")
+        small = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#results img.thumb.pixelated"))
+        thumbs = browser.execute_script(
+            "return [...document.querySelectorAll('#results .result')].map((r) => { const img = r.querySelector('img');"
+            " return {name: r.querySelector('b').textContent, rendering: getComputedStyle(img).imageRendering,"
+            " width: img.getBoundingClientRect().width, height: img.getBoundingClientRect().height,"
+            " loaded: img.complete}; });")
+    assert len(small) == 1
+    by_name = {t["name"]: t for t in thumbs}
+    # 8 px x 12 (the largest whole factor within the 96 px box): every source pixel a sharp 12x12 square.
+    assert by_name["digit.png"] == {"name": "digit.png", "rendering": "pixelated", "width": 96, "height": 96,
+                                    "loaded": True}
+    assert by_name["photo.png"]["rendering"] == "auto" and by_name["photo.png"]["height"] == 96  # scaled down, smoothed

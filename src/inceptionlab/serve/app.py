@@ -1,5 +1,6 @@
 """The HTTP front end (FastAPI): Open Inference Protocol (KServe v2) endpoints with Triton's
-statistics, model configuration and repository index, /v1/classify, /metrics, the page.
+statistics, model configuration and repository index, /v1/classify, /metrics, the page and its
+live figures (/v1/live, live.py).
 
 Event-loop discipline: parsing big bodies, decoding images and tokenizing run in a bounded
 preprocessing thread pool; inference runs in each model's batcher threads. The loop only routes.
@@ -11,6 +12,7 @@ The gRPC front end (grpc_server.py), when asked for, runs in the same event loop
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
@@ -24,6 +26,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inceptionlab.errors import UserError
+from inceptionlab.serve.live import LiveStats
+from inceptionlab.serve.metrics import PROTOCOLS
 from inceptionlab.serve.models import ServedModel
 from inceptionlab.serve.protocol import HEADER_LENGTH, ProtocolError, encode_infer_response, parse_infer_request
 from inceptionlab.serve.service import API_KEY_HELP, RequestSettings, ServeError, ServeState, key_matches
@@ -110,6 +114,7 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     """The HTTP app; with `grpc_address` (HOST:PORT, port 0 for any free one) it also serves gRPC,
     started and drained with the app (the bound port is `app.state.serve.grpc_port`)."""
     state = ServeState(models, settings or RequestSettings())
+    live = LiveStats(state.metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -119,14 +124,17 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
             from inceptionlab.serve.grpc_server import start_grpc  # grpcio: only when gRPC is asked for
 
             grpc_front = await start_grpc(state, grpc_address)
+        sampler = asyncio.create_task(live.run())
         yield
         await state.drain(state.settings.timeout_s)
+        sampler.cancel()
         if grpc_front is not None:
             await grpc_front.stop()
         await state.stop()
 
     app = FastAPI(title="inceptionlab", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
+    app.state.live = live
     _install_errors(app)
     if state.settings.api_key:
         _install_api_key(app, state.settings.api_key)
@@ -135,6 +143,7 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     _health_routes(app, state)
     _oip_routes(app, state)
     _classify_routes(app, state)
+    _live_routes(app, state, live)
     return app
 
 
@@ -220,7 +229,7 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
     async def infer(name: str, request: Request, version: str = "1") -> Response:
         model = state.model(name)
         body = await request.body()
-        async with state.counted(name) as counted:
+        async with state.counted(name, "http") as counted:
             state.refuse_early(name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
             parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
@@ -243,6 +252,16 @@ def _ready_only(body: bytes) -> bool:
     return data.get("ready", False)
 
 
+# --------------------------------------------------------------------------------------- /v1/live
+
+
+def _live_routes(app: FastAPI, state: ServeState, live: LiveStats) -> None:
+    @app.get("/v1/live")
+    async def live_figures() -> dict:
+        """What the page draws: per model and front end, the last minutes of the server's own metrics."""
+        return live.view(PROTOCOLS if state.grpc_port is not None else ["http"])
+
+
 # --------------------------------------------------------------------------------------- /v1/classify
 
 
@@ -258,7 +277,7 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
         started = time.perf_counter()
         served = state.model(model or next(iter(state.models)))
         k = topk or state.settings.topk
-        async with state.counted(served.name) as counted:
+        async with state.counted(served.name, "http") as counted:
             state.refuse_early(served.name)
             names, item, count, errors = await _classify_inputs(state, served, request)
             result = await state.submit(served.name, item, count)
