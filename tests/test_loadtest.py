@@ -1,9 +1,11 @@
-"""`inceptionlab loadtest`: the measurement maths, and the client against a stub KServe v2 server.
+"""`inceptionlab loadtest`: the measurement maths, and the client against stub KServe v2 servers.
 
-The stub (FastAPI + uvicorn on 127.0.0.1, a thread of this process) parses requests the way the
+The HTTP stub (FastAPI + uvicorn on 127.0.0.1, a thread of this process) parses requests the way the
 binary tensor extension defines them, can serve one request at a time with a fixed service time,
 stall once (blocking its event loop, like a GC pause), reject with 503 or fail with 500, and
-exports the counters our server exports on /metrics.
+exports the counters our server exports on /metrics. The gRPC stub (grpcio's server with one worker
+thread, the messages of serve/proto) does the same over gRPC. Then both protocols against
+`inceptionlab serve` itself, whose own /metrics must count what the client saw.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -27,7 +30,8 @@ from inceptionlab.errors import UserError
 from inceptionlab.loadtest import generator as lt
 from inceptionlab.loadtest.payloads import infer_body
 from inceptionlab.loadtest.report import format_table, plot_latency_vs_rate
-from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats
+from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats, statistics_counters
+from inceptionlab.loadtest.transports import HttpTransport
 from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements
 
 fastapi = pytest.importorskip("fastapi")
@@ -393,6 +397,185 @@ def test_api_key_is_sent_and_never_written(stub, cli, tmp_path, monkeypatch):
     assert redacted(["x", "--api-key", "k", "--api-key=k2"]) == ["x", "--api-key", "***", "--api-key=***"]
 
 
+# --------------------------------------------------------------------------------------- a stub gRPC server
+
+
+@dataclass
+class GrpcBehaviour:
+    service_ms: float = 1.0  # per request; one worker thread serves one request at a time
+    stall_at: int | None = None  # request number whose handler blocks the only worker
+    stall_ms: float = 300.0
+    reject_every: int = 0  # every Nth request: RESOURCE_EXHAUSTED (our server's full queue)
+    fail_every: int = 0  # every Nth request: INTERNAL
+    seen: list = field(default_factory=list)  # accepted ModelInferRequests
+    keys: list = field(default_factory=list)  # the authorization metadata of each inference
+    count: int = 0
+
+
+@pytest.fixture
+def grpc_stub():
+    """An Open Inference Protocol gRPC server on 127.0.0.1 with the stub model `stub` (BYTES image
+    input [-1, 1]); yields (HOST:PORT, behaviour)."""
+    from concurrent import futures
+
+    import grpc
+    from google.protobuf import json_format
+
+    from inceptionlab.serve.proto import message
+
+    behaviour = GrpcBehaviour()
+
+    def metadata(request, context):
+        if request.name != "stub":
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name!r}")
+        return json_format.ParseDict({"name": "stub", "platform": "stub",
+                                      "inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]}],
+                                      "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]},
+                                     message("ModelMetadataResponse")())
+
+    def infer(request, context):
+        behaviour.count += 1
+        number = behaviour.count
+        behaviour.keys.append(dict(context.invocation_metadata()).get("authorization"))
+        if behaviour.stall_at == number:
+            time.sleep(behaviour.stall_ms / 1e3)  # the only worker: every request behind it waits
+        if behaviour.reject_every and number % behaviour.reject_every == 0:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
+        if behaviour.fail_every and number % behaviour.fail_every == 0:
+            context.abort(grpc.StatusCode.INTERNAL, "boom")
+        time.sleep(behaviour.service_ms / 1e3)
+        behaviour.seen.append(request)
+        reply = message("ModelInferResponse")(model_name=request.model_name)
+        reply.outputs.add(name="logits", datatype="FP32", shape=[1, 10])
+        reply.raw_output_contents.append(np.zeros(10, np.float32).tobytes())
+        return reply
+
+    def statistics(request, context):
+        done = len(behaviour.seen)
+        return json_format.ParseDict({"model_stats": [{"name": "stub", "inference_count": done, "execution_count": done,
+                                                       "inference_stats": {"success": {"count": done, "ns": 0}}}]},
+                                     message("ModelStatisticsResponse")())
+
+    def handler(function, name):
+        return grpc.unary_unary_rpc_method_handler(function, request_deserializer=message(f"{name}Request").FromString,
+                                                   response_serializer=lambda reply: reply.SerializeToString())
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+        "ModelMetadata": handler(metadata, "ModelMetadata"), "ModelInfer": handler(infer, "ModelInfer"),
+        "ModelStatistics": handler(statistics, "ModelStatistics")}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()  # listening when it returns
+    yield f"127.0.0.1:{port}", behaviour
+    server.stop(grace=None).wait(10)
+
+
+def test_grpc_open_loop_latency_counts_from_the_scheduled_time(grpc_stub):
+    target, behaviour = grpc_stub
+    behaviour.stall_at, behaviour.stall_ms = 20, 600.0  # ~0.4 s into a 50/s run
+    row = lt.run_load(settings(target, protocol="grpc", rate=50.0, duration=2.0, slo_ms=300.0))
+    assert row["protocol"] == "grpc" and row["error"] == row["rejected"] == row["timeout"] == 0
+    assert row["ok"] == row["sent"] > 60
+    # As over HTTP: every request due during the 600 ms stall waited for it (~15 of them >= 300 ms late).
+    assert row["max_ms"] >= 550.0 and row["over_slo"] >= 8
+    assert row["server"]["metrics"] == "statistics" and row["server"]["inferences"] == row["ok"]
+    request = behaviour.seen[-1]  # raw_input_contents: one encoded image, length-prefixed, shape [1, 1]
+    assert request.model_name == "stub" and [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == \
+        [("image_bytes", "BYTES", [1, 1])] and [o.name for o in request.outputs] == ["logits"]
+    (length,) = struct.unpack("<I", request.raw_input_contents[0][:4])
+    assert length == len(request.raw_input_contents[0]) - 4 > 100
+
+
+def test_grpc_status_codes_are_counted_as_http_statuses_are(grpc_stub):
+    target, behaviour = grpc_stub
+    behaviour.reject_every, behaviour.fail_every = 4, 10
+    row = lt.run_load(settings(target, protocol="grpc", concurrency=1, duration=1.0, warmup=0))
+    n = row["sent"]
+    assert n >= 10 and row["rejected"] == n // 4  # RESOURCE_EXHAUSTED: what 503 is over HTTP
+    assert row["error"] == n // 10 - n // 20 and row["ok"] == n - row["rejected"] - row["error"]
+    assert row["slo_met"] is False
+
+
+def test_grpc_bad_targets_fail_in_one_line(grpc_stub, cli, tmp_path):
+    target, behaviour = grpc_stub
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{free.getsockname()[1]}"
+    down = cli("loadtest", dead, "--protocol", "grpc", "--model", "stub", "--rate", "5", "--out", tmp_path)
+    assert down.code != 0 and "cannot reach the server" in down.err and "HOST:PORT" in down.err
+    assert len(down.err.strip().splitlines()) == 1
+    url = cli("loadtest", f"http://{target}", "--protocol", "grpc", "--model", "stub", "--rate", "5", "--out", tmp_path)
+    assert url.code != 0 and "not an http:// URL" in url.err
+    missing = cli("loadtest", target, "--protocol", "grpc", "--model", "nope", "--rate", "5", "--out", tmp_path)
+    assert missing.code != 0 and "NOT_FOUND" in missing.err and "--model" in missing.err
+    protocol = cli("loadtest", target, "--protocol", "smtp", "--rate", "5", "--out", tmp_path)
+    assert protocol.code != 0 and "--protocol smtp" in protocol.err
+    # The key goes as metadata, as over HTTP as a header; a grpc:// prefix is allowed.
+    ok = cli("loadtest", f"grpc://{target}", "--protocol", "grpc", "--model", "stub", "--concurrency", "1",
+             "--duration", "0.2", "--api-key", "s3cret", "--out", tmp_path, "--no-plot")
+    assert ok.code == 0, ok.err
+    assert behaviour.keys and set(behaviour.keys) == {"Bearer s3cret"} and "over grpc" in ok.out
+
+
+# --------------------------------------------------------------------------------------- the client's own cost
+
+
+def _spin(seconds: float) -> None:
+    """Burn `seconds` of this thread's CPU time (whatever else runs on the machine)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_busy_generator_reports_its_cpu_and_is_warned(stub, cli, tmp_path, monkeypatch):
+    url, _ = stub
+    send = HttpTransport.send
+
+    async def expensive_send(self, request, scheduled, timeout):  # 50 ms of CPU on the client's event loop
+        _spin(0.05)
+        return await send(self, request, scheduled, timeout)
+
+    monkeypatch.setattr(HttpTransport, "send", expensive_send)
+    # 40 requests/s x 50 ms = 2 cores of work for a one-thread client: it must fall behind its schedule.
+    row = lt.run_load(settings(url, rate=40.0, duration=1.0, warmup=0))
+    assert row["client_cpu_s"] >= 0.05 * row["sent"]  # every spin is in the process's CPU time
+    assert 0.0 < row["client_cpu"] <= (os.cpu_count() or 1) + 0.1  # cores, over the measurement's wall time
+    assert row["send_lag_p99_ms"] > 200 and any("fell behind its schedule" in w for w in row["client_warnings"])
+    result = cli("loadtest", url, "--model", "stub", "--rate", "40", "--duration", "1", "--warmup", "0",
+                 "--out", tmp_path, "--no-plot")
+    assert result.code == 0, result.err
+    assert "client CPU" in result.out and "warning (rate 40/s): " in result.out
+    assert next(line for line in result.out.splitlines() if line.strip().startswith("40/s")).split()[-2].endswith("!")
+
+
+def test_client_warnings_name_cpu_and_lag():
+    row = {"mode": "open", "client_cpu": 0.85, "send_lag_p99_ms": 2.0}
+    assert len(lt.client_warnings(row)) == 1 and "85% of a core" in lt.client_warnings(row)[0]
+    assert lt.client_warnings({**row, "client_cpu": 0.3}) == []
+    late = lt.client_warnings({**row, "client_cpu": 0.3, "send_lag_p99_ms": 25.0})
+    assert len(late) == 1 and "25 ms after their scheduled time" in late[0]
+    # A closed loop sends when the previous answer came: it has no schedule to lag behind.
+    assert lt.client_warnings({"mode": "closed", "client_cpu": 0.3, "send_lag_p99_ms": 25.0}) == []
+
+
+def test_statistics_extension_counters_give_the_same_server_figures():
+    """gRPC reads Triton's statistics (JSON form: int64 as strings, zeros left out) where HTTP reads /metrics."""
+    before = statistics_counters({"name": "m", "inference_count": "10", "execution_count": "10",
+                                  "inference_stats": {"success": {"count": "10", "ns": "100000000"},
+                                                      "queue": {"count": "10", "ns": "10000000"},
+                                                      "compute_infer": {"count": "10", "ns": "50000000"}}})
+    after = statistics_counters({"name": "m", "inference_count": "50", "execution_count": "30",
+                                 "inference_stats": {"success": {"count": "50", "ns": "500000000"},
+                                                     "fail": {"count": "3"},
+                                                     "queue": {"count": "50", "ns": "90000000"},
+                                                     "compute_infer": {"count": "50", "ns": "450000000"}}})
+    stats = server_stats(before, after)
+    assert stats["metrics"] == "statistics" and stats["inferences"] == 40 and stats["avg_batch"] == 2.0
+    assert stats["queue_ms"] == pytest.approx(2.0) and stats["compute_ms"] == pytest.approx(10.0)
+    assert stats["request_ms"] == pytest.approx(10.0) and stats["outcomes"] == {"success": 40, "fail": 3}
+
+
+
 def test_table_and_plot_from_rows(tmp_path):
     rows = [{"mode": "open", "rate": r, "concurrency": None, "offered_rate": r, "achieved_rate": r, "ok": 10,
              "rejected": 0, "error": 0, "timeout": 0, "not_sent": 0, "p50_ms": 5.0 * r, "p90_ms": 8.0 * r,
@@ -426,10 +609,13 @@ class SlowTinyNet(__import__("torch").nn.Module):
 
 
 @pytest.fixture
-def real_server():
-    """`inceptionlab serve`'s app with a tiny model (max batch 8, 5 ms delay, queue of 4) on 127.0.0.1."""
+def real_servers():
+    """`inceptionlab serve`'s app with a tiny model (max batch 8, 5 ms delay, queue of 4) on 127.0.0.1,
+    HTTP and gRPC: (base URL, gRPC HOST:PORT)."""
     models = pytest.importorskip("inceptionlab.serve.models")
     app_module = pytest.importorskip("inceptionlab.serve.app")
+    import httpx
+
     from inceptionlab.infer.batching import batch_buckets
     from inceptionlab.infer.runtimes import TorchSession
     from inceptionlab.models.spec import ModelSpec
@@ -440,17 +626,70 @@ def real_server():
     net = SlowTinyNet().eval()
     engine = models.Engine({b: TorchSession(net, "fp32", "nchw", "cpu", b) for b in buckets}, buckets)
     served = models.ServedModel("tiny", spec, "test", "eager", "fp32", "cpu", [engine], max_batch=8)
-    app = app_module.create_app([served], RequestSettings(max_delay_ms=5.0, max_queue=4))
+    app = app_module.create_app([served], RequestSettings(max_delay_ms=5.0, max_queue=4), grpc_address="127.0.0.1:0")
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    # uvicorn accepts connections (waiting in the listening socket's backlog until then) only after the
+    # app's start-up, which starts the gRPC front end: once this answers, its port is known.
+    assert httpx.get(f"{url}/v2/health/ready", timeout=60).status_code == 200
+    yield url, f"127.0.0.1:{app.state.serve.grpc_port}"
     server.should_exit = True
     thread.join(timeout=30)
     sock.close()
+
+
+@pytest.fixture
+def real_server(real_servers):
+    return real_servers[0]
+
+
+def _requests_by_protocol(metrics: str, outcome: str) -> dict[str, float]:
+    """inceptionlab_requests_total of `outcome` per front end, from /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "inceptionlab_requests_total" and sample.labels["outcome"] == outcome:
+                counts[sample.labels["protocol"]] = counts.get(sample.labels["protocol"], 0.0) + sample.value
+    return counts
+
+
+@pytest.mark.parametrize("payload", ["image", "fp32"])
+def test_grpc_against_our_server_counts_what_its_metrics_count(real_servers, payload):
+    import httpx
+
+    url, target = real_servers
+    before = _requests_by_protocol(httpx.get(f"{url}/metrics").text, "success")
+    row = lt.run_load(lt.LoadSettings(target, model="tiny", protocol="grpc", concurrency=4, duration=1.0,
+                                      payload=payload, slo_ms=1e4, warmup=2))
+    after = _requests_by_protocol(httpx.get(f"{url}/metrics").text, "success")
+    assert row["protocol"] == "grpc" and row["payload"] == payload
+    assert row["ok"] == row["sent"] > 10 and row["rejected"] == row["error"] == row["timeout"] == 0
+    # The server counted every request the client saw answered (and the 2 warm-up ones), all as gRPC.
+    assert after["grpc"] - before["grpc"] == row["ok"] + 2 and after["http"] == before["http"]
+    server = row["server"]  # from the statistics extension, over gRPC, around the measurement only
+    assert server["metrics"] == "statistics" and server["inferences"] == row["ok"]
+    assert server["outcomes"] == {"success": row["ok"], "fail": 0}
+    assert server["avg_batch"] >= 1.0 and server["compute_ms"] >= 10.0  # SlowTinyNet: >= 10 ms per batch
+
+
+def test_grpc_rejections_match_our_servers(real_servers):
+    import httpx
+
+    url, target = real_servers
+    before = _requests_by_protocol(httpx.get(f"{url}/metrics").text, "rejected")
+    # 300 requests/s against at most ~8 per 10 ms batch with a queue of 4: most are turned away.
+    row = lt.run_load(lt.LoadSettings(target, model="tiny", protocol="grpc", rate=300.0, duration=1.0,
+                                      payload="fp32", warmup=1))
+    after = _requests_by_protocol(httpx.get(f"{url}/metrics").text, "rejected")
+    assert row["rejected"] > 0 and row["ok"] > 0 and row["error"] == 0
+    assert after["grpc"] - before["grpc"] == row["rejected"] and row["slo_met"] is False
 
 
 def test_against_our_server_batches_form_and_metrics_agree(real_server):
@@ -479,13 +718,15 @@ def test_against_our_server_503s_match_its_rejections(real_server):
 
 
 def test_the_load_generator_imports_no_torch_and_nothing_of_serve_but_the_protocol():
-    """Start-up time of a client, and the layer contract: what `inceptionlab loadtest` imports to run."""
+    """Start-up time of a client, and the layer contract: what `inceptionlab loadtest` imports to run
+    (over gRPC too: the message definitions, not the server)."""
     modules = ("inceptionlab.cli.loadtest", "inceptionlab.loadtest.generator", "inceptionlab.loadtest.report",
-               "inceptionlab.fileio")
+               "inceptionlab.loadtest.grpc_client", "inceptionlab.fileio")
     script = (f"import json, sys\nfor name in {modules!r}: __import__(name)\n"
               "print(json.dumps(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout)
     assert not [m for m in loaded if m == "torch" or m.startswith(("torch.", "torchvision"))]
-    assert [m for m in loaded if m.startswith("inceptionlab.serve")] == ["inceptionlab.serve", "inceptionlab.serve.protocol"]
+    assert [m for m in loaded if m.startswith("inceptionlab.serve")] == \
+        ["inceptionlab.serve", "inceptionlab.serve.proto", "inceptionlab.serve.protocol"]

@@ -16,7 +16,10 @@ def _log(message: str) -> None:
 
 
 def loadtest(
-    url: str = typer.Argument(..., help="Server base URL, e.g. http://127.0.0.1:8000 (Triton: port 8000 too)."),
+    url: str = typer.Argument(..., help="The server: its base URL over HTTP, e.g. http://127.0.0.1:8000; its "
+                                        "HOST:PORT over gRPC, e.g. 127.0.0.1:8001 (Triton's ports too)."),
+    protocol: str = typer.Option("http", "--protocol", help="http: the binary tensor extension over HTTP/1.1; "
+                                                            "grpc: ModelInfer with raw_input_contents."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: the only model the "
                                                               "server's repository index lists)."),
     images: List[Path] = typer.Option([], "--images", help="Images/folders to send (default: the sample "
@@ -37,7 +40,8 @@ def loadtest(
                                                                         "rate may have and still hold the SLO."),
     max_steps: int = typer.Option(12, "--max-steps", min=1, help="--sweep: at most this many measurements."),
     timeout: float = typer.Option(30.0, "--timeout", help="Seconds per request, end to end."),
-    connections: int = typer.Option(64, "--connections", min=1, help="HTTP connection pool size."),
+    connections: int = typer.Option(64, "--connections", min=1, help="HTTP connection pool size (gRPC: one "
+                                                                      "HTTP/2 channel)."),
     warmup: int = typer.Option(4, "--warmup", min=0, help="Untimed requests first."),
     seed: int = typer.Option(0, "--seed", help="Seed of the Poisson schedule."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer key for a server started with "
@@ -49,15 +53,19 @@ def loadtest(
 ) -> None:
     """Measure latency under load. Open loop (--rate): Poisson arrivals, latency counted from each
     request's scheduled send time, so a server that stalls cannot hide its slow period. Closed loop
-    (--concurrency): C clients back to back. Reports offered vs achieved rate, p50/p90/p99/p99.9 of
-    successful requests, 503 rejections and other errors apart, and from the server's /metrics its
-    average batch size and queue/compute time per request.
+    (--concurrency): C clients back to back, over HTTP or gRPC (--protocol). Reports offered vs
+    achieved rate, p50/p90/p99/p99.9 of successful requests, rejections (503, RESOURCE_EXHAUSTED) and
+    other errors apart, from the server's /metrics (gRPC: its statistics) its average batch size and
+    queue/compute time per request, and the generator's own CPU use, with a warning when the
+    generator itself may be the bottleneck.
 
     Examples:
 
       inceptionlab loadtest http://127.0.0.1:8000 --model inception_v3 --rate 20 --duration 20
 
       inceptionlab loadtest http://127.0.0.1:8000 --model inception_v3 --sweep --slo-ms 100
+
+      inceptionlab loadtest 127.0.0.1:8001 --protocol grpc --model inception_v3 --rate 20 --duration 20
 
       inceptionlab loadtest http://triton:8000 --model inception_v3 --payload fp32 --concurrency 8 --json
     """
@@ -66,18 +74,24 @@ def loadtest(
     try:
         import httpx  # noqa: F401
         import prometheus_client  # noqa: F401
+
+        if protocol == "grpc":
+            import grpc  # noqa: F401
     except ImportError:
-        raise UserError("the load generator needs httpx and prometheus-client: pip install 'inceptionlab[loadtest]'") from None
+        raise UserError("the load generator needs httpx, prometheus-client and (for gRPC) grpcio: pip install "
+                        "'inceptionlab[loadtest]'") from None
     import os
 
     from inceptionlab.fileio import append_jsonl
     from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep, settings_dict
-    from inceptionlab.loadtest.report import client_environment, format_table, plot_latency_vs_rate, records, redacted
+    from inceptionlab.loadtest.report import (client_environment, client_warning_lines, format_table, plot_latency_vs_rate,
+                                              records, redacted)
 
     settings = LoadSettings(url.rstrip("/"), model=model, rate=rate, concurrency=concurrency, duration=duration,
                             min_requests=min_requests, payload=payload, images=list(images), slo_ms=slo_ms,
                             max_error_rate=max_error_rate, timeout=timeout, connections=connections, warmup=warmup,
-                            seed=seed, api_key=api_key or os.environ.get("INCEPTIONLAB_API_KEY") or None)
+                            seed=seed, api_key=api_key or os.environ.get("INCEPTIONLAB_API_KEY") or None,
+                            protocol=protocol)
     settings.check()
     if not sweep and rate is None and concurrency is None:
         raise UserError("give --rate R (open loop), --concurrency C (closed loop) or --sweep")
@@ -101,13 +115,18 @@ def loadtest(
     append_jsonl(out / "results.jsonl", records(rows, settings.url, command, settings_dict(settings), env))
     if not as_json:
         load = "-" if env["load_average"] is None else f"{env['load_average']:.2f}"
-        print(f"{rows[0]['model']} at {settings.url}, payload {payload}, {duration:g} s per measurement; "
-              f"client: {env['cpu']}, load average {load}")
+        print(f"{rows[0]['model']} at {settings.url} over {protocol}, payload {payload}, {duration:g} s per "
+              f"measurement; client: {env['cpu']}, load average {load}")
         print(format_table(rows))
+        for line in client_warning_lines(rows):
+            print(line)
         if result is not None:
             print(_sweep_line(result, slo_ms))
-    elif result is not None:
-        print(json.dumps({"sweep": {k: v for k, v in result.items() if k != "rows"}}, default=str))
+    else:
+        if result is not None:
+            print(json.dumps({"sweep": {k: v for k, v in result.items() if k != "rows"}}, default=str))
+        for line in client_warning_lines(rows):
+            _log(line)
     _log(f"results appended to {out / 'results.jsonl'}")
     if plot:
         path = plot_latency_vs_rate(rows, out / "plots" / "loadtest.png", f"{rows[0]['model']} at {settings.url}")
@@ -118,8 +137,9 @@ def loadtest(
 def _progress(row: dict) -> str:
     load = f"rate {row['rate']:.3g}/s" if row["mode"] == "open" else f"concurrency {row['concurrency']}"
     p99 = "-" if row["p99_ms"] is None else f"{row['p99_ms']:.1f} ms"
-    return (f"{load}: achieved {row['achieved_rate']:.2f}/s, p99 {p99}, 503 {row['rejected']}, "
-            f"errors {row['error'] + row['timeout']} -> {'held' if row['slo_met'] else 'missed'} the SLO")
+    return (f"{load}: achieved {row['achieved_rate']:.2f}/s, p99 {p99}, rejected {row['rejected']}, "
+            f"errors {row['error'] + row['timeout']}, client CPU {row['client_cpu']:.0%} -> "
+            f"{'held' if row['slo_met'] else 'missed'} the SLO")
 
 
 def _sweep_line(result: dict, slo_ms: float) -> str:

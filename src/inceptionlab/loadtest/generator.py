@@ -13,14 +13,25 @@ Two ways to offer load:
   "coordinated omission").
 * **closed loop** (`concurrency`): C clients each send, wait for the answer, and send again.
 
-Requests are `POST /v2/models/{name}/infer` with the binary tensor data extension, prepared once
-(payloads.py). Outcomes are counted apart: ok (200), rejected (503: the server's bounded queue is
-full), timeout, and other errors; latency percentiles are over successful requests, and a rate only
-"holds the SLO" when p99 <= SLO *and* failures stay under `max_error_rate`. The server's own view
-(average batch size, queue and compute time) is read from its `/metrics` (server_metrics.py).
+Requests go over HTTP (`POST /v2/models/{name}/infer` with the binary tensor data extension) or
+gRPC (ModelInfer with `raw_input_contents`), prepared once (payloads.py, transports.py,
+grpc_client.py); both loops are the same whatever the protocol. Outcomes are counted apart: ok,
+rejected (HTTP 503, gRPC RESOURCE_EXHAUSTED/UNAVAILABLE: the server's bounded queue is full),
+timeout, and other errors; latency percentiles are over successful requests, and a rate only "holds
+the SLO" when p99 <= SLO *and* failures stay under `max_error_rate`. The server's own view (average
+batch size, queue and compute time) is read from its `/metrics` (HTTP) or statistics (gRPC)
+(server_metrics.py).
 
-A client: it imports serve's protocol codec and nothing else of serve, and no torch (start-up time;
-the import-linter contract in pyproject.toml and tests/test_loadtest.py hold it to that).
+The client's own cost is reported beside every figure: its process's CPU time over the measurement's
+wall time (`client_cpu`, in cores), and how late it sent (`send_lag_p99_ms`). On a small machine the
+generator competes with the server for the same cores; above CLIENT_CPU_WARN of a core (one event
+loop, one thread) or SEND_LAG_WARN_MS of lag the row carries a warning that the client, not the
+server, may be what was measured. It is the whole process's CPU: a server in the same process (as in
+some tests) counts too.
+
+A client: it imports serve's protocol codec and message definitions (serve/protocol.py,
+serve/proto) and nothing else of serve, and no torch (start-up time; the import-linter contract in
+pyproject.toml and tests/test_loadtest.py hold it to that).
 
 Everything is bounded: the schedule ends at `duration`, every request has a `timeout`, in-flight
 requests are capped, and the loop stops by itself.
@@ -35,19 +46,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-import httpx
 import numpy as np
 
 from inceptionlab.errors import UserError
 from inceptionlab.host import load_average
-from inceptionlab.loadtest.payloads import PAYLOADS, ModelInfo, Prepared, encoded_images, prepare_requests
-from inceptionlab.loadtest.server_metrics import scrape, server_stats
+from inceptionlab.loadtest.payloads import PAYLOADS, ModelInfo, Prepared, encoded_images
+from inceptionlab.loadtest.server_metrics import server_stats
+from inceptionlab.loadtest.transports import PROTOCOLS, HttpTransport, Record, Transport
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # A closed-loop client waiting on a stalled server is one case; an open loop whose server is far
 # past saturation would keep opening requests forever. Past this many in flight the client stops
 # sending and counts the request as "not_sent" (it is reported, never hidden).
 MAX_IN_FLIGHT = 1024
+# When the generator may be what limits a measurement. Its event loop is one thread: past ~70% of a
+# core, requests start to queue inside the client (sends late, answers read late). At 20 requests/s
+# of 80 px images it used 5-15% of a core over either protocol on a 2-core AMD EPYC (docs/serving/
+# loadtest.md). A p99 send lag above 10 ms is already a tenth of a typical 100 ms SLO.
+CLIENT_CPU_WARN = 0.7  # cores
+SEND_LAG_WARN_MS = 10.0
+SendFn = Callable[[Prepared, float, float], Awaitable[Record]]  # transport.send(request, scheduled, timeout)
 
 
 # --------------------------------------------------------------------------------------- settings
@@ -55,7 +73,7 @@ MAX_IN_FLIGHT = 1024
 
 @dataclass
 class LoadSettings:
-    url: str
+    url: str  # http: the base URL (http://HOST:8000); grpc: HOST:PORT (8001)
     model: str | None = None  # None: the only model the server lists
     rate: float | None = None  # open loop, requests/s (Poisson arrivals)
     concurrency: int | None = None  # closed loop, clients
@@ -71,6 +89,8 @@ class LoadSettings:
     seed: int = 0  # Poisson schedule
     max_requests: int = 100_000  # hard cap on one measurement's schedule
     api_key: str | None = None  # sent as `Authorization: Bearer KEY` (our server's --api-key)
+    protocol: str = "http"  # http | grpc
+
 
     def check(self) -> None:
         if self.rate is not None and self.concurrency is not None:
@@ -83,6 +103,8 @@ class LoadSettings:
             raise UserError(f"--duration {self.duration}: give a duration above 0 s")
         if self.payload not in PAYLOADS:
             raise UserError(f"--payload {self.payload}: use one of {', '.join(PAYLOADS)}")
+        if self.protocol not in PROTOCOLS:
+            raise UserError(f"--protocol {self.protocol}: use one of {', '.join(PROTOCOLS)}")
 
 
 # --------------------------------------------------------------------------------------- maths
@@ -112,90 +134,10 @@ def percentile_key(q: float) -> str:
     return f"p{q:g}".replace(".", "") + "_ms"  # 99.9 -> p999_ms
 
 
-# --------------------------------------------------------------------------------------- server
-
-
-async def model_info(client: httpx.AsyncClient, url: str, model: str | None) -> ModelInfo:
-    """`GET /v2/models/{name}`; without a name, the one model in Triton's repository index."""
-    if model is None:
-        model = await _only_model(client, url)
-    try:
-        response = await client.get(f"{url}/v2/models/{model}")
-    except httpx.HTTPError as exc:
-        raise UserError(f"{url}: cannot reach the server ({type(exc).__name__}); is it running?") from None
-    if response.status_code == 401:
-        raise UserError(f"{url}/v2/models/{model}: HTTP 401; the server wants a key: pass --api-key KEY "
-                        "(or set INCEPTIONLAB_API_KEY)")
-    if response.status_code != 200:
-        raise UserError(f"{url}/v2/models/{model}: HTTP {response.status_code}; check --model NAME")
-    meta = response.json()
-    return ModelInfo(meta.get("name", model), meta.get("inputs", []), meta.get("outputs", []))
-
-
-async def _only_model(client: httpx.AsyncClient, url: str) -> str:
-    try:
-        response = await client.post(f"{url}/v2/repository/index", json={"ready": True})
-        names = [entry["name"] for entry in response.json()] if response.status_code == 200 else []
-    except (httpx.HTTPError, ValueError, KeyError, TypeError):
-        names = []
-    if len(names) != 1:
-        raise UserError(f"{url}: cannot tell which model to load (repository index: {names or 'unavailable'}); "
-                        "pass --model NAME")
-    return names[0]
-
-
-async def wait_ready(client: httpx.AsyncClient, url: str, timeout: float = 60.0) -> None:
-    """Poll `GET /v2/health/ready` every 0.2 s until 200, at most `timeout` s."""
-    deadline = time.perf_counter() + timeout
-    while True:
-        try:
-            if (await client.get(f"{url}/v2/health/ready")).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.perf_counter() > deadline:
-            raise UserError(f"{url}: not ready after {timeout:.0f} s (GET /v2/health/ready)")
-        await asyncio.sleep(0.2)
-
-
-# --------------------------------------------------------------------------------------- one request
-
-
-@dataclass
-class Record:
-    """One request: when it was due, sent and answered (s on the client's clock), and how it ended."""
-
-    scheduled: float
-    sent: float
-    done: float
-    outcome: str  # ok | rejected (503) | timeout | error
-    status: int | None = None
-
-    @property
-    def latency_ms(self) -> float:
-        return (self.done - self.scheduled) * 1e3
-
-
-async def send(client: httpx.AsyncClient, endpoint: str, request: Prepared, scheduled: float,
-               timeout: float) -> Record:
-    sent = time.perf_counter()
-    try:
-        response = await asyncio.wait_for(
-            client.post(endpoint, content=request.body, headers=request.headers), timeout)
-    except asyncio.TimeoutError:
-        return Record(scheduled, sent, time.perf_counter(), "timeout")
-    except (httpx.HTTPError, OSError):  # refused, reset, closed mid-answer: the server failed this one
-        return Record(scheduled, sent, time.perf_counter(), "error")
-    done = time.perf_counter()
-    status = response.status_code
-    outcome = "ok" if status == 200 else "rejected" if status == 503 else "error"
-    return Record(scheduled, sent, done, outcome, status)
-
-
 # --------------------------------------------------------------------------------------- loops
 
 
-async def open_loop(client: httpx.AsyncClient, endpoint: str, requests: list[Prepared], schedule: np.ndarray,
+async def open_loop(send: SendFn, requests: list[Prepared], schedule: np.ndarray,
                     timeout: float) -> tuple[list[Record], int, float]:
     """Send request i at start + schedule[i] whatever happened to earlier ones; returns the records,
     how many were not sent (in-flight cap) and the start time."""
@@ -211,7 +153,7 @@ async def open_loop(client: httpx.AsyncClient, endpoint: str, requests: list[Pre
         if len(pending) >= MAX_IN_FLIGHT:
             not_sent += 1
             continue
-        task = asyncio.create_task(send(client, endpoint, requests[index % len(requests)], due, timeout))
+        task = asyncio.create_task(send(requests[index % len(requests)], due, timeout))
         pending.add(task)
         task.add_done_callback(lambda t: (pending.discard(t), finished.append(t.result())))
     if pending:
@@ -219,8 +161,8 @@ async def open_loop(client: httpx.AsyncClient, endpoint: str, requests: list[Pre
     return finished, not_sent, start
 
 
-async def closed_loop(client: httpx.AsyncClient, endpoint: str, requests: list[Prepared], concurrency: int,
-                      duration: float, timeout: float, limit: int) -> tuple[list[Record], float]:
+async def closed_loop(send: SendFn, requests: list[Prepared], concurrency: int, duration: float, timeout: float,
+                      limit: int) -> tuple[list[Record], float]:
     """C clients send back to back until `duration` is over (or `limit` requests were sent)."""
     start = time.perf_counter()
     end = start + duration
@@ -232,7 +174,7 @@ async def closed_loop(client: httpx.AsyncClient, endpoint: str, requests: list[P
             now = time.perf_counter()
             if now >= end:
                 return
-            records.append(await send(client, endpoint, requests[index % len(requests)], now, timeout))
+            records.append(await send(requests[index % len(requests)], now, timeout))
 
     await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     return records, start
@@ -273,27 +215,52 @@ def summarize(records: list[Record], start: float, duration: float, slo_ms: floa
     return row
 
 
-async def measure(client: httpx.AsyncClient, settings: LoadSettings, info: ModelInfo, requests: list[Prepared],
-                  rate: float | None = None, concurrency: int | None = None, seed: int | None = None) -> dict[str, Any]:
-    """One measurement (open loop at `rate` or closed loop with `concurrency`) with the server's metrics."""
-    endpoint = f"{settings.url}/v2/models/{info.name}/infer"
-    before = await scrape(client, settings.url, info.name)
+def client_usage(cpu_start: float, wall_start: float) -> dict[str, float]:
+    """The generator's process CPU time since `cpu_start` (time.process_time) and its share of the wall
+    time since `wall_start` (time.perf_counter), in cores."""
+    cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
+    return {"client_cpu_s": round(cpu, 3), "client_cpu": round(cpu / wall, 3) if wall > 0 else 0.0}
+
+
+def client_warnings(row: dict[str, Any]) -> list[str]:
+    """Why the generator itself may have limited this measurement (empty: no sign of it)."""
+    warnings = []
+    if row["client_cpu"] > CLIENT_CPU_WARN:
+        warnings.append(f"the load generator used {row['client_cpu']:.0%} of a core (> {CLIENT_CPU_WARN:.0%}): it may "
+                        "be the bottleneck; run it on another machine or lower the load")
+    lag = row.get("send_lag_p99_ms")
+    if row["mode"] == "open" and lag is not None and lag > SEND_LAG_WARN_MS:
+        warnings.append(f"1% of requests were sent over {lag:.0f} ms after their scheduled time (> "
+                        f"{SEND_LAG_WARN_MS:g} ms): the load generator fell behind its schedule, and its "
+                        "latencies include that delay")
+    return warnings
+
+
+async def measure(load: LoadClient, settings: LoadSettings, rate: float | None = None,
+                  concurrency: int | None = None, seed: int | None = None) -> dict[str, Any]:
+    """One measurement (open loop at `rate` or closed loop with `concurrency`) with the server's own
+    figures and the client's CPU use."""
+    transport, info, requests = load.transport, load.info, load.requests
+    before = await transport.counters(info.name)
     duration = settings.duration
+    cpu_start, wall_start = time.process_time(), time.perf_counter()
     if rate is not None:
         duration = max(duration, settings.min_requests / rate)
         schedule = poisson_schedule(rate, duration, settings.seed if seed is None else seed, settings.max_requests)
-        records, not_sent, start = await open_loop(client, endpoint, requests, schedule, settings.timeout)
+        records, not_sent, start = await open_loop(transport.send, requests, schedule, settings.timeout)
         row = {"mode": "open", "rate": rate, "concurrency": None}
     else:
         assert concurrency is not None
-        records, start = await closed_loop(client, endpoint, requests, concurrency, settings.duration,
+        records, start = await closed_loop(transport.send, requests, concurrency, settings.duration,
                                            settings.timeout, settings.max_requests)
         not_sent = 0
         row = {"mode": "closed", "rate": None, "concurrency": concurrency}
-    after = await scrape(client, settings.url, info.name)
+    usage = client_usage(cpu_start, wall_start)
+    after = await transport.counters(info.name)
     row.update(summarize(records, start, duration, settings.slo_ms, settings.max_error_rate, not_sent))
-    row.update({"duration_s": round(duration, 3), "payload": settings.payload, "model": info.name,
-                "server": server_stats(before, after), "loadavg_1min": load_average()})
+    row.update({"duration_s": round(duration, 3), "protocol": transport.protocol, "payload": settings.payload,
+                "model": info.name, **usage, "server": server_stats(before, after), "loadavg_1min": load_average()})
+    row["client_warnings"] = client_warnings(row)
     return row
 
 
@@ -340,48 +307,46 @@ async def sweep_rates(measure_rate: Callable[[float], Awaitable[dict[str, Any]]]
 # --------------------------------------------------------------------------------------- entry points
 
 
+def open_transport(settings: LoadSettings) -> Transport:
+    if settings.protocol == "grpc":
+        # grpcio (~0.1 s to import) only when gRPC is asked for: HTTP runs start without it.
+        from inceptionlab.loadtest.grpc_client import GrpcTransport
+
+        return GrpcTransport(settings.url, settings.api_key)
+    return HttpTransport(settings.url, settings.connections, settings.api_key, settings.timeout)
+
+
 @dataclass
 class LoadClient:
-    """A client ready to offer load: its HTTP connection pool, the model's metadata, the prepared bodies."""
+    """A client ready to offer load: its transport (connections), the model's metadata, the prepared requests."""
 
-    client: httpx.AsyncClient
+    transport: Transport
     info: ModelInfo
     requests: list[Prepared]
     step: int = -1
 
 
 async def open_client(settings: LoadSettings) -> LoadClient:
-    limits = httpx.Limits(max_connections=settings.connections, max_keepalive_connections=settings.connections)
-    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
-    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(settings.timeout), headers=headers)
+    transport = open_transport(settings)
     try:
-        info = await model_info(client, settings.url, settings.model)
-        requests = prepare_requests(info, settings.payload, encoded_images(settings.images))
-        await _warm_up(client, settings, info, requests)
+        info = await transport.model_info(settings.model)
+        requests = transport.prepare(info, settings.payload, encoded_images(settings.images))
+        await _warm_up(transport, settings, info, requests)
     except BaseException:
-        await client.aclose()
+        await transport.aclose()
         raise
-    return LoadClient(client, info, requests)
+    return LoadClient(transport, info, requests)
 
 
-async def _warm_up(client: httpx.AsyncClient, settings: LoadSettings, info: ModelInfo,
-                   requests: list[Prepared]) -> None:
+async def _warm_up(transport: Transport, settings: LoadSettings, info: ModelInfo, requests: list[Prepared]) -> None:
     """Untimed requests first (connections, the server's first calls); a failing server stops here."""
-    endpoint = f"{settings.url}/v2/models/{info.name}/infer"
     for index in range(settings.warmup):
-        record = await send(client, endpoint, requests[index % len(requests)], time.perf_counter(), settings.timeout)
+        record = await transport.send(requests[index % len(requests)], time.perf_counter(), settings.timeout)
         if record.outcome == "error" or record.outcome == "timeout":
-            detail = await _error_detail(client, endpoint, requests[0])
+            detail = f": {record.detail}" if record.detail else ""
             hint = "; Triton serving an ONNX export takes tensors: try --payload fp32" if settings.payload == "image" else ""
-            raise UserError(f"{endpoint}: warm-up request failed ({record.status or record.outcome}){detail}{hint}")
-
-
-async def _error_detail(client: httpx.AsyncClient, endpoint: str, request: Prepared) -> str:
-    try:
-        response = await client.post(endpoint, content=request.body, headers=request.headers)
-        return f": {response.text.strip()}"[:300]
-    except Exception:  # only for the message: the failure itself is already known
-        return ""
+            raise UserError(f"{transport.target} ({transport.protocol}), model {info.name}: warm-up request failed "
+                            f"({record.status or record.outcome}){detail}{hint}")
 
 
 def _run(coroutine_factory: Callable[[LoadClient], Awaitable[Any]], settings: LoadSettings) -> Any:
@@ -390,7 +355,7 @@ def _run(coroutine_factory: Callable[[LoadClient], Awaitable[Any]], settings: Lo
         try:
             return await coroutine_factory(client)
         finally:
-            await client.client.aclose()
+            await client.transport.aclose()
 
     return asyncio.run(main())
 
@@ -400,8 +365,7 @@ def run_load(settings: LoadSettings) -> dict[str, Any]:
     settings.check()
     if settings.rate is None and settings.concurrency is None:
         raise UserError("give --rate R or --concurrency C (or --sweep)")
-    return _run(lambda load: measure(load.client, settings, load.info, load.requests, settings.rate,
-                                     settings.concurrency), settings)
+    return _run(lambda load: measure(load, settings, settings.rate, settings.concurrency), settings)
 
 
 def run_sweep(settings: LoadSettings, start_rate: float | None = None, factor: float = 1.6,
@@ -416,8 +380,7 @@ def run_sweep(settings: LoadSettings, start_rate: float | None = None, factor: f
     async def sweep(load: LoadClient) -> dict[str, Any]:
         async def measure_rate(rate: float) -> dict[str, Any]:
             step = load.step = load.step + 1  # a fresh Poisson draw per step
-            return await measure(load.client, settings, load.info, load.requests, rate=rate,
-                                 seed=settings.seed + step)
+            return await measure(load, settings, rate=rate, seed=settings.seed + step)
 
         return await sweep_rates(measure_rate, start, factor, resolution, max_steps, on_row)
 

@@ -1,10 +1,12 @@
-"""Request bodies for an Open Inference Protocol server, built once before the load starts.
+"""Requests for an Open Inference Protocol server, built once before the load starts.
 
-Requests use the binary tensor data extension, encoded by serve/protocol.py's codec (the header
-that carries the JSON part's length, the datatype table, the BYTES element layout): encoded images
-as a BYTES tensor (`payload="image"`: the server decodes and preprocesses), or pictures already
-resized to the input shape that `GET /v2/models/{name}` reports, as UINT8 pixels (`"tensor"`: our
-server normalises them) or FP32 (`"fp32"`: what Triton serving the ONNX export takes).
+What one request carries is protocol-neutral (`TensorRequest`): encoded images as a BYTES tensor
+(`payload="image"`: the server decodes and preprocesses), or pictures already resized to the input
+shape that the model's metadata reports, as UINT8 pixels (`"tensor"`: our server normalises them) or
+FP32 (`"fp32"`: what Triton serving the ONNX export takes). Each transport encodes it once: HTTP as
+the binary tensor data extension (`infer_body`, by serve/protocol.py's codec: the header that carries
+the JSON part's length, the BYTES element layout), gRPC as a ModelInferRequest with
+`raw_input_contents` (grpc_client.py).
 """
 
 from __future__ import annotations
@@ -32,10 +34,23 @@ GENERATED_COUNT = 8
 
 @dataclass(frozen=True)
 class Prepared:
-    """One ready request body: JSON header + binary tensor data, and its headers."""
+    """One ready request as it goes on the wire: over HTTP the JSON header + binary tensor data and
+    its headers; over gRPC the serialized ModelInferRequest (no headers)."""
 
     body: bytes
     headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class TensorRequest:
+    """One inference request of one input, whatever the protocol: its raw little-endian bytes (BYTES
+    elements length-prefixed, as both protocols' binary forms carry them) and the output asked for."""
+
+    input_name: str
+    datatype: str
+    shape: list[int]
+    data: bytes
+    output: str | None
 
 
 def infer_body(input_name: str, datatype: str, shape: list[int], data: bytes,
@@ -130,20 +145,28 @@ class ModelInfo:
         raise UserError(f"model {self.name}: no input to send --payload {payload} to (inputs: {found})")
 
 
-def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
-    """One request body per picture (batch 1 each: batching is the server's job). image: the file's
-    bytes as BYTES [1]; tensor: UINT8 [1, C, H, W] pixels (4x smaller than float; our server
+def tensor_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list[TensorRequest]:
+    """One request per picture (batch 1 each: batching is the server's job). image: the file's bytes
+    as BYTES [1] ([1, 1] for an input declared [-1, 1], Triton's convention for an encoded image of a
+    batching model); tensor: UINT8 [1, C, H, W] pixels (4x smaller than float; our server
     normalises); fp32: FP32 pixels / 255 (what Triton serving the ONNX export takes)."""
     spec = info.input_for(payload)
     output = info.outputs[0]["name"] if info.outputs else None
-    if payload == "image":
-        return [infer_body(spec["name"], "BYTES", [1], encode_bytes_elements([data]), output) for data in encoded]
     shape = [int(d) for d in spec.get("shape", [])]
+    if payload == "image":
+        one = [1, 1] if spec.get("datatype") == "BYTES" and len(shape) == 2 else [1]
+        return [TensorRequest(spec["name"], "BYTES", one, encode_bytes_elements([data]), output) for data in encoded]
     if any(d < 1 for d in shape[-3:]):
         raise UserError(f"model {info.name}: input {spec['name']} has shape {shape}; --payload {payload} needs "
                         "[-1, C, H, W] with fixed C, H, W")
     datatype = "UINT8" if payload == "tensor" else "FP32"
     channels, height, width = shape[-3:]
     request_shape = [1, channels, height, width] if len(shape) == 4 else [channels, height, width]
-    return [infer_body(spec["name"], datatype, request_shape, array.tobytes(), output)
+    return [TensorRequest(spec["name"], datatype, request_shape, array.tobytes(), output)
             for array in tensor_pictures(encoded, channels, height, width, DTYPES[datatype])]
+
+
+def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
+    """The HTTP bodies of `tensor_requests`."""
+    return [infer_body(t.input_name, t.datatype, t.shape, t.data, t.output)
+            for t in tensor_requests(info, payload, encoded)]

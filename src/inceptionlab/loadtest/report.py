@@ -43,21 +43,34 @@ def _cell(value: Any, width: int, spec: str) -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = (f"{'load':>10} {'offered/s':>9} {'achieved/s':>10} {'ok':>6} {'503':>5} {'errors':>6} "
+    """One line per measurement; `client CPU` is the generator's own (cores, `!` when it may have been
+    the bottleneck: client_warning_lines says why)."""
+    header = (f"{'load':>10} {'offered/s':>9} {'achieved/s':>10} {'ok':>6} {'rej.':>5} {'errors':>6} "
               f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'p99.9 ms':>8} {'batch':>6} {'queue ms':>8} "
-              f"{'compute ms':>10}  SLO")
+              f"{'compute ms':>10} {'client CPU':>10}  SLO")
     lines = [header, "-" * len(header)]
     for r in rows:
         load = f"{r['rate']:.3g}/s" if r["mode"] == "open" else f"C={r['concurrency']}"
         server = r.get("server") or {}
         errors = r["error"] + r["timeout"] + r.get("not_sent", 0)
+        cpu = "-" if r.get("client_cpu") is None else f"{r['client_cpu']:.0%}{'!' if r.get('client_warnings') else ''}"
         lines.append(
             f"{load:>10} {r['offered_rate']:>9.2f} {r['achieved_rate']:>10.2f} {r['ok']:>6} {r['rejected']:>5} "
             f"{errors:>6} {_cell(r['p50_ms'], 8, '.1f')} {_cell(r['p90_ms'], 8, '.1f')} "
-            f"{_cell(r['p99_ms'], 8, '.1f')} {_cell(r['p999_ms'], 8, '.1f')} {_cell(server.get('avg_batch'), 6, '.2f')} "
-            f"{_cell(server.get('queue_ms'), 8, '.1f')} {_cell(server.get('compute_ms'), 10, '.1f')}  "
+            f"{_cell(r['p99_ms'], 8, '.1f')} {_cell(r['p999_ms'], 8, '.1f')} "
+            f"{_cell(server.get('avg_batch'), 6, '.2f')} "
+            f"{_cell(server.get('queue_ms'), 8, '.1f')} {_cell(server.get('compute_ms'), 10, '.1f')} {cpu:>10}  "
             f"{'held' if r['slo_met'] else 'MISSED'}")
     return "\n".join(lines)
+
+
+def client_warning_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """`warning: ...` for each measurement the generator itself may have limited."""
+    lines = []
+    for r in rows:
+        load = f"rate {r['rate']:.3g}/s" if r["mode"] == "open" else f"concurrency {r['concurrency']}"
+        lines += [f"warning ({load}): {message}" for message in r.get("client_warnings", [])]
+    return lines
 
 
 def plot_latency_vs_rate(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:

@@ -1,7 +1,8 @@
-"""The server's own view of a measurement, read from its `/metrics` (Prometheus text) before and after.
+"""The server's own view of a measurement, read before and after it: over HTTP from its `/metrics`
+(Prometheus text), over gRPC from Triton's statistics extension (ModelStatistics).
 
 inferences / executions = average batch size, and mean queue and compute time per request, from our
-server's `inceptionlab_*` metrics or Triton's `nv_inference_*`.
+server's `inceptionlab_*` metrics, Triton's `nv_inference_*`, or either's statistics.
 """
 
 from __future__ import annotations
@@ -30,6 +31,15 @@ METRIC_FAMILIES = {
         "request": "nv_inference_request_duration_us", "request_count": "nv_inference_request_success",
         "scale": 1e-3,
     },
+    # Triton's statistics extension (ours answers it from the same counters as /metrics): nanoseconds
+    # summed over requests, flattened by statistics_counters. Outcomes: success and fail only.
+    "statistics": {
+        "inferences": "inference_count", "executions": "execution_count",
+        "queue": "queue_ns", "queue_count": "queue_count",
+        "compute": "compute_infer_ns", "compute_count": "compute_infer_count",
+        "request": "success_ns", "request_count": "success_count",
+        "scale": 1e-6,
+    },
 }
 
 
@@ -45,6 +55,19 @@ def parse_metrics(text: str, model: str | None = None) -> dict[str, float]:
                 continue
             key = sample.name if not sample.labels.get("outcome") else f"{sample.name}{{outcome={sample.labels['outcome']}}}"
             values[key] = values.get(key, 0.0) + float(sample.value)
+    return values
+
+
+def statistics_counters(model_stats: dict[str, Any]) -> dict[str, float]:
+    """One model's entry of the statistics extension, in its JSON form (int64 values may be strings,
+    zeros left out), flattened into the counters METRIC_FAMILIES["statistics"] names."""
+    values = {"inference_count": float(model_stats.get("inference_count", 0)),
+              "execution_count": float(model_stats.get("execution_count", 0))}
+    for part, duration in model_stats.get("inference_stats", {}).items():
+        values[f"{part}_count"] = float(duration.get("count", 0))
+        values[f"{part}_ns"] = float(duration.get("ns", 0))
+    for outcome in ("success", "fail"):
+        values[f"statistics{{outcome={outcome}}}"] = values.get(f"{outcome}_count", 0.0)
     return values
 
 

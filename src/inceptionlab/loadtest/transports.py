@@ -1,0 +1,134 @@
+"""How the load generator talks to a server: one transport per protocol, the same five calls each.
+
+    transport = HttpTransport("http://127.0.0.1:8000", connections=64, api_key=None, timeout=30.0)
+    info = await transport.model_info("inception_v3")          # the model's inputs and outputs
+    requests = transport.prepare(info, "image", encoded)        # encoded once, before the load
+    record = await transport.send(requests[0], scheduled, timeout=30.0)
+    counters = await transport.counters(info.name)              # the server's own cumulative figures
+
+HTTP (`HttpTransport`, here): httpx's async client with a bounded connection pool, the binary tensor
+data extension, the server's `/metrics`. gRPC (`GrpcTransport`, grpc_client.py): grpcio's asyncio
+channel, `raw_input_contents`, the statistics extension (ModelStatistics). Outcomes mean the same in
+both: ok; rejected (HTTP 503; gRPC RESOURCE_EXHAUSTED or UNAVAILABLE, what ours and Triton answer
+when the queue is full or the server drains); timeout; error (anything else).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+from inceptionlab.errors import UserError
+from inceptionlab.loadtest.payloads import ModelInfo, Prepared, prepare_requests
+from inceptionlab.loadtest.server_metrics import scrape
+
+PROTOCOLS = ("http", "grpc")
+DETAIL_CHARS = 300  # of an error answer, kept for the warm-up's message
+
+
+@dataclass
+class Record:
+    """One request: when it was due, sent and answered (s on the client's clock), and how it ended."""
+
+    scheduled: float
+    sent: float
+    done: float
+    outcome: str  # ok | rejected | timeout | error
+    status: int | str | None = None  # HTTP status, or gRPC status code name
+    detail: str | None = None  # the server's error message, for failures
+
+    @property
+    def latency_ms(self) -> float:
+        return (self.done - self.scheduled) * 1e3
+
+
+class Transport(Protocol):
+    protocol: str
+    target: str
+
+    async def model_info(self, model: str | None) -> ModelInfo: ...
+
+    def prepare(self, info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]: ...
+
+    async def send(self, request: Prepared, scheduled: float, timeout: float) -> Record: ...
+
+    async def counters(self, model: str) -> dict[str, float] | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class HttpTransport:
+    """The Open Inference Protocol over HTTP/1.1: `POST /v2/models/{name}/infer`."""
+
+    protocol = "http"
+
+    def __init__(self, url: str, connections: int, api_key: str | None, timeout: float):
+        self.target = url
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout), headers=headers)
+        self.endpoint = ""  # set by prepare: the model the requests go to
+
+    async def model_info(self, model: str | None) -> ModelInfo:
+        """`GET /v2/models/{name}`; without a name, the one model in Triton's repository index."""
+        url = self.target
+        if model is None:
+            model = await self._only_model()
+        try:
+            response = await self.client.get(f"{url}/v2/models/{model}")
+        except httpx.HTTPError as exc:
+            raise UserError(f"{url}: cannot reach the server ({type(exc).__name__}); is it running? (--protocol "
+                            "http takes the server's HTTP URL, e.g. http://127.0.0.1:8000)") from None
+        if response.status_code == 401:
+            raise UserError(f"{url}/v2/models/{model}: HTTP 401; the server wants a key: pass --api-key KEY "
+                            "(or set INCEPTIONLAB_API_KEY)")
+        if response.status_code != 200:
+            raise UserError(f"{url}/v2/models/{model}: HTTP {response.status_code}; check --model NAME")
+        meta = response.json()
+        return ModelInfo(meta.get("name", model), meta.get("inputs", []), meta.get("outputs", []))
+
+    async def _only_model(self) -> str:
+        try:
+            response = await self.client.post(f"{self.target}/v2/repository/index", json={"ready": True})
+            names = [entry["name"] for entry in response.json()] if response.status_code == 200 else []
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            names = []
+        return only_model(self.target, names)
+
+    def prepare(self, info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
+        self.endpoint = f"{self.target}/v2/models/{info.name}/infer"
+        return prepare_requests(info, payload, encoded)
+
+    async def send(self, request: Prepared, scheduled: float, timeout: float) -> Record:
+        sent = time.perf_counter()
+        try:
+            response = await asyncio.wait_for(
+                self.client.post(self.endpoint, content=request.body, headers=request.headers), timeout)
+        except asyncio.TimeoutError:
+            return Record(scheduled, sent, time.perf_counter(), "timeout")
+        except (httpx.HTTPError, OSError) as exc:  # refused, reset, closed mid-answer: the server failed this one
+            return Record(scheduled, sent, time.perf_counter(), "error", detail=type(exc).__name__)
+        done = time.perf_counter()
+        status = response.status_code
+        if status == 200:
+            return Record(scheduled, sent, done, "ok", status)
+        return Record(scheduled, sent, done, "rejected" if status == 503 else "error", status,
+                      response.text.strip()[:DETAIL_CHARS])
+
+    async def counters(self, model: str) -> dict[str, float] | None:
+        return await scrape(self.client, self.target, model)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def only_model(target: str, names: list[str]) -> str:
+    """The one model a repository index lists, or a one-line error asking for --model."""
+    if len(names) != 1:
+        raise UserError(f"{target}: cannot tell which model to load (repository index: {names or 'unavailable'}); "
+                        "pass --model NAME")
+    return names[0]
