@@ -172,6 +172,7 @@ def test_latency_is_counted_from_scheduled_time_not_send_time():
     row = lt.summarize(records, start=10.0, duration=1.0, slo_ms=100.0, max_error_rate=0.01)
     assert row["p50_ms"] == pytest.approx(250.0)
     assert row["send_lag_p99_ms"] == pytest.approx(200.0)
+    assert row["p50_from_send_ms"] == row["p99_from_send_ms"] == pytest.approx(50.0)  # what perf_analyzer counts
     assert row["slo_met"] is False
 
 
