@@ -8,11 +8,15 @@ PY     := $(VENV)/bin/python
 # - TORCH_INDEX=URL installs TORCH_PINS from that wheel index (PyTorch's ROCm or CUDA builds);
 # - otherwise TORCH_PINS from the package index: they run on CPU, CUDA picks them up when present.
 # TORCH_FROM_SYSTEM=1 reuses the system torch even when it sees no GPU, =0 never does.
+# ONNX Runtime: onnxruntime-gpu (CUDA, TensorRT) where torch will use an NVIDIA GPU, else the CPU-only
+# onnxruntime (on ROCm the plan prints the command for AMD's onnxruntime-migraphx); ONNX_RUNTIME=cpu|gpu forces one.
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 TORCH_INDEX ?=
 TORCH_FROM_SYSTEM ?= auto
+ONNX_RUNTIME ?= auto
 SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
-	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --extras test,demo
+	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --onnx-runtime '$(ONNX_RUNTIME)' \
+	--extras test,demo
 
 .PHONY: setup setup-plan demo test docs docs-serve bench lint proto clean
 
