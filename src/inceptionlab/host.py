@@ -63,3 +63,16 @@ def environment() -> dict[str, Any]:
         "argv": list(sys.argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+SHARED_MEMORY = "/dev/shm"
+
+
+def shared_memory_space(path: str = SHARED_MEMORY) -> tuple[int, int] | None:
+    """(size, free) of /dev/shm in bytes, where DataLoader workers hand their batches over; None where
+    there is none (macOS, Windows)."""
+    try:
+        stat = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
+from inceptionlab.data.loading.shared_memory import batch_bytes, fit_workers
 from inceptionlab.data.splits import ArraySplit
 
 # Batches each worker prepares ahead (PyTorch's default is 2; streamed.py says why it keeps 2).
@@ -83,10 +84,13 @@ class ArrayDataset(Dataset):
 
 def worker_loader(dataset: Sized, sampler: EpochSampler, *, batch_size: int, seed: int, num_workers: int | None,
                   pin_memory: bool = False) -> SkipTrackingLoader:
-    """A DataLoader over `dataset` in `num_workers` processes (default: one per core, at most 8)."""
+    """A DataLoader over `dataset` in `num_workers` processes (default: one per core, at most 8; fewer
+    when /dev/shm cannot hold their batches, shared_memory.py)."""
     if isinstance(dataset, ArraySplit):
         dataset = ArrayDataset(dataset)
     workers = default_num_workers() if num_workers is None else num_workers
+    if workers > 0:
+        workers = fit_workers(workers, PREFETCH, batch_bytes(dataset, batch_size), what="data loader")
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         dataset,  # type: ignore[arg-type]
