@@ -18,7 +18,7 @@ SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)'
 	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --onnx-runtime '$(ONNX_RUNTIME)' \
 	--extras test,demo
 
-.PHONY: setup setup-plan demo test docs docs-serve bench lint proto clean
+.PHONY: setup setup-plan demo test docs docs-serve bench gpu-report lint proto clean
 
 setup: $(VENV)/.installed
 
@@ -59,6 +59,13 @@ docs-serve: setup
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py
+
+# The GPU figures in one go, within 25 minutes (benchmarks/gpu_report.py): doctor and --train-check, the
+# GPU-marked tests, Inception v3 training img/s (the guide's loop, auto, the synthetic ceiling), bench with
+# ONNX Runtime's GPU providers and a serve sweep; one JSON and one Markdown report in benchmarks/results/.
+# GPU_REPORT_ARGS=--dry-run plans it all and runs only the doctor.
+gpu-report: setup
+	$(PY) benchmarks/gpu_report.py $(GPU_REPORT_ARGS)
 
 lint: setup
 	$(PY) -m pip install -q ruff
