@@ -86,9 +86,10 @@ def test_a_missing_provider_is_an_error_naming_what_is_installed():
 
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has the CUDA provider")
-    with pytest.raises(UserError, match=r"no CUDAExecutionProvider here \(installed: .*CPUExecutionProvider"):
+    with pytest.raises(UserError, match=r"no CUDAExecutionProvider here \(installed: .*CPUExecutionProvider.*"
+                                        r"`pip uninstall -y onnxruntime && pip install onnxruntime-gpu`"):
         choose_ort_provider(Target("cuda", "cuda"))
-    with pytest.raises(UserError, match="MIGraphXExecutionProvider"):
+    with pytest.raises(UserError, match="MIGraphXExecutionProvider.*pip install onnxruntime-migraphx -f AMD_WHEELS"):
         choose_ort_provider(Target("cuda", "migraphx"))
     with pytest.raises(UserError, match="removed its ROCm provider.*use --provider migraphx"):
         choose_ort_provider(Target("cuda", "rocm"))

@@ -37,6 +37,7 @@ from inceptionlab.infer.onnx_graph import INPUT_NAME, OUTPUT_NAME, check_onnx_fi
 from inceptionlab.infer.quantize import ImageSets, onnxruntime_fp16, onnxruntime_int8, openvino_int8
 from inceptionlab.infer.source import ModelSource
 from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability
+from inceptionlab.torch_build import ORT_CPU, ORT_NVIDIA, migraphx_advice
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 REDUCED_PRECISIONS = ("bf16", "fp16", "int8")
@@ -300,20 +301,22 @@ class OrtProvider:
     io_device: str  # where inputs/outputs are bound (OrtValue device type)
     own_cache: bool  # compiles into its own engine cache: ORT's optimized-graph cache is not used
     fp16_model: bool = False  # needs an fp16-converted graph (no fp16 switch of its own)
-    install: str = "pip install onnxruntime-gpu"
+    # One ONNX Runtime package per environment (torch_build.py): the GPU one replaces the CPU one.
+    install: str = (f"`pip uninstall -y {ORT_CPU} && pip install {ORT_NVIDIA}` (`make clean setup` picks it where "
+                    "torch sees an NVIDIA GPU)")
 
 
 ORT_PROVIDERS: dict[str, OrtProvider] = {
     "cpu": OrtProvider("CPUExecutionProvider", "cpu", ("fp32", "int8"), _no_options, "cpu", False,
-                       install="pip install onnxruntime"),
+                       install=f"pip install {ORT_CPU}"),
     "cuda": OrtProvider("CUDAExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _cuda_options, "cuda", False,
                         fp16_model=True),
     "tensorrt": OrtProvider("TensorrtExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _tensorrt_options,
-                            "cuda", True, install="pip install onnxruntime-gpu tensorrt"),
+                            "cuda", True, install=f"{OrtProvider.install} and NVIDIA's TensorRT (`pip install tensorrt`)"),
     # MIGraphX is ONNX Runtime's AMD GPU provider (the ROCm provider was removed in ORT 1.23).
     # Inputs stay on the host: its device allocator is not exposed to Python's OrtValue.
     "migraphx": OrtProvider("MIGraphXExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _migraphx_options,
-                            "cpu", True, install="pip install onnxruntime-migraphx (AMD's ROCm build)"),
+                            "cpu", True, install=migraphx_advice("python")),
 }
 
 
