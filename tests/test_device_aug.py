@@ -285,16 +285,19 @@ def test_training_resumes_bit_exactly_with_the_resident_image_loader(folder, tmp
 
 
 @pytest.mark.parametrize("size", [24, 64, 97])
-def test_two_tap_upscaling_equals_the_dense_interpolation_matrices(size):
-    """Upscaling by gathers and lerps gives the dense matmul's values (float rounding apart), flips too."""
+def test_sparse_upscale_weights_equal_the_dense_ones_bit_for_bit(size):
+    """The CPU shortcut for scale <= 1 (three candidate taps, scattered) gives the dense matrix exactly."""
+    from inceptionlab.data.device_aug import _dense_weights, _upscale_weights
+
     generator = torch.Generator().manual_seed(size)
-    heights, widths = torch.randint(4, size + 1, (16,), generator=generator), torch.full((16,), size)
-    images = random_images(16, size, size, seed=size)
+    heights, widths = torch.randint(4, size + 1, (64,), generator=generator), torch.full((64,), size)
     boxes = sample_crop_params(generator, heights, widths)
-    flip = torch.rand(16, generator=generator) < 0.5
-    for out_size in (299, 150, 97):
-        fast = resample(images, boxes, out_size, flip=flip)
-        dense = resample(images, boxes, out_size, flip=flip, two_tap=False)
-        assert fast.shape == dense.shape == (16, 3, out_size, out_size)
-        assert fast.is_contiguous(memory_format=torch.channels_last)
-        assert (fast - dense).abs().max() < 1e-3  # 0..255 units
+    for offset, out_size in ((0, 299), (0, 150), (0, 97)):
+        scale = boxes.height.double() / out_size
+        assert bool((scale <= 1).all())
+        k = torch.arange(out_size, dtype=torch.float64)
+        center = ((k[None, :] + offset + 0.5) * scale[:, None]).float()[:, :, None]
+        sparse = _upscale_weights(center, boxes.top, boxes.height, size)
+        dense = _dense_weights(center, boxes.top, boxes.height, scale, size, antialias=True)
+        assert torch.equal(sparse, dense)
+        assert torch.allclose(dense.sum(dim=2), torch.ones(64, out_size))

@@ -126,16 +126,13 @@ def axis_weights(
     (the rest of the image, the padding) get no weight. With `antialias` and scale > 1 the
     weights are a triangle filter `scale` pixels wide, normalised, as torchvision's antialias.
     """
-    center = _centers(start, scale, offset, out_size)
-    return _dense_weights(center, start, extent, scale, src_size, antialias)
-
-
-def _centers(start: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, out_size: int) -> torch.Tensor:
-    """(N, out_size, 1) sampling centres relative to the box start, in source pixels (+0.5)."""
-    # Relative to the box start, float32 keeps them to ~4e-6 px (boxes <= a few hundred px); float64
-    # over the whole (N, out, src) grid cost 70 ms of CPU per 64-image batch.
+    # Coordinates relative to the box start, so float32 keeps them to ~4e-6 px (boxes <= a few hundred
+    # px); float64 over the whole (N, out, src) grid cost 70 ms of CPU per 64-image batch.
     k = torch.arange(out_size, device=start.device, dtype=torch.float64)
-    return ((k[None, :] + offset.double()[:, None] + 0.5) * scale.double()[:, None]).float()[:, :, None]
+    center = ((k[None, :] + offset.double()[:, None] + 0.5) * scale.double()[:, None]).float()[:, :, None]
+    if antialias and start.device.type == "cpu" and bool((scale <= 1).all()):  # the check is free on a CPU
+        return _upscale_weights(center, start, extent, src_size)
+    return _dense_weights(center, start, extent, scale, src_size, antialias)
 
 
 def _dense_weights(center: torch.Tensor, start: torch.Tensor, extent: torch.Tensor, scale: torch.Tensor,
@@ -154,36 +151,23 @@ def _dense_weights(center: torch.Tensor, start: torch.Tensor, extent: torch.Tens
     return weights
 
 
-@dataclass(frozen=True)
-class Taps:
-    """Bilinear upscaling along one axis: output k = lerp(source[first[k]], source[second[k]], weight[k])."""
+def _upscale_weights(center: torch.Tensor, start: torch.Tensor, extent: torch.Tensor, src_size: int) -> torch.Tensor:
+    """`axis_weights` when every scale <= 1 (the filter's support is 1 px): the same values, bit for bit.
 
-    first: torch.Tensor  # (N, out) int64 source indices
-    second: torch.Tensor
-    weight: torch.Tensor  # (N, out) float32, the second tap's share
-
-    def flipped(self, flip: torch.Tensor) -> Taps:
-        pick = lambda t: torch.where(flip[:, None], t.flip(1), t)  # noqa: E731
-        return Taps(pick(self.first), pick(self.second), pick(self.weight))
-
-
-def two_taps(start: torch.Tensor, extent: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-             out_size: int) -> Taps:
-    """`axis_weights` when the scale is <= 1 (upscaling), as the two source pixels each output mixes.
-
-    The triangle filter of support 1 is non-zero on the pixels either side of the centre; a tap that
-    falls outside the box is moved onto the edge pixel, where renormalising the dense weights puts the
-    whole weight too, so both forms give the same values (tests/test_device_aug.py). Two gathers and a
-    lerp per axis instead of a matmul over every source pixel: 2 instead of 64 multiply-adds per output
-    for 64 px sources.
+    A triangle of support 1 is non-zero on at most two source pixels around each centre, so the
+    formula is evaluated on three candidates per output pixel and scattered into the zero matrix,
+    instead of on all src_size of them: upscaling 64 px crops to 299 px, the weights of a 64-image
+    batch took ~10 ms of CPU densely. The arithmetic per candidate is the dense one, and a row's sum
+    adds only exact zeros besides its taps, so the normalised weights are identical.
     """
-    position = _centers(start, scale, offset, out_size)[:, :, 0] - 0.5
-    base = torch.floor(position)
-    weight = position - base
-    last = (extent - 1)[:, None]
-    first = torch.minimum(base.long().clamp(min=0), last)
-    second = torch.minimum((base.long() + 1).clamp(min=0), last)
-    return Taps(first + start[:, None], second + start[:, None], weight)
+    base = torch.floor(center - 0.5).long()  # (N, out, 1): the tap left of the centre
+    j = base + torch.arange(-1, 2, device=center.device)  # (N, out, 3) candidates, relative to the box
+    inside = (j >= 0) & (j < extent[:, None, None])
+    weights = torch.clamp(1 - (j.float() + 0.5 - center).abs() / 1.0, min=0) * inside
+    weights = weights / weights.sum(dim=2, keepdim=True)
+    index = (j + start[:, None, None]).clamp(0, src_size - 1)  # taps outside the box carry weight 0
+    dense = torch.zeros(center.shape[0], center.shape[1], src_size, dtype=weights.dtype, device=center.device)
+    return dense.scatter_add_(2, index, weights)
 
 
 def resample(
@@ -196,7 +180,6 @@ def resample(
     source_sizes: tuple[torch.Tensor, torch.Tensor] | None = None,
     antialias: bool = True,
     dtype: torch.dtype = torch.float32,
-    two_tap: bool = True,
 ) -> torch.Tensor:
     """Crop each box and resize it to out_size x out_size, bilinear; (N, C, S, S) -> (N, C, out, out).
 
@@ -205,10 +188,8 @@ def resample(
     of that resized image (Resize + CenterCrop): the offset moves into the sampling coordinates;
     `source_sizes=(heights, widths)` are then the true sizes of padded sources (default: S x S).
     `flip[n]` mirrors sample n left-right (the horizontal matrix's rows reversed). Values keep the
-    input's units (0..255 for uint8 input) in `dtype`, computed in `dtype`. Upscaling (every box
-    smaller than the output) mixes two source pixels per output (`two_taps`); otherwise, or with
-    `two_tap=False`, the dense interpolation matrices are applied as two batched matmuls. The result
-    is in channels_last memory order.
+    input's units (0..255 for uint8 input) in `dtype`; the matmuls run in `dtype`. The result is
+    in channels_last memory order.
     """
     n, _, src_h, src_w = images.shape
     zeros = torch.zeros_like(boxes.top)
@@ -222,42 +203,19 @@ def resample(
         extent_y, extent_x = heights, widths
         scale_y, scale_x = heights.double() / resized[0], widths.double() / resized[1]
         off_y, off_x = boxes.top, boxes.left
-    if two_tap and bool((scale_y <= 1).all()) and bool((scale_x <= 1).all()):  # upscaling: two taps per output
-        rows = two_taps(start_y, extent_y, scale_y, off_y, out_size)
-        cols = two_taps(start_x, extent_x, scale_x, off_x, out_size)
-        return _resample_two_taps(images.to(dtype), rows, cols if flip is None else cols.flipped(flip))
     rows = axis_weights(start_y, extent_y, scale_y, off_y, out_size, src_h, antialias)
     cols = axis_weights(start_x, extent_x, scale_x, off_x, out_size, src_w, antialias)
     if flip is not None:
         cols = torch.where(flip[:, None, None], cols.flip(1), cols)
-    return _resample_dense(images.to(dtype), rows.to(dtype), cols.to(dtype))
-
-
-def _resample_dense(images: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """(N, C, H, W) -> (N, C, out, out) in channels_last memory order, by two batched matmuls."""
-    n, channels, src_h, src_w = images.shape
-    out_size = rows.shape[1]
-    # Nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one, whose result is
-    # permuted (3.7 M values for 64 x 64 px sources) so that the large one, (N, out, H) @ (N, H, out*C),
-    # writes NHWC: channels_last without another copy of the output.
-    narrow = torch.bmm(images.reshape(n, channels * src_h, src_w), cols.transpose(1, 2))
-    narrow = narrow.view(n, channels, src_h, out_size).permute(0, 2, 3, 1).reshape(n, src_h, out_size * channels)
-    out = torch.bmm(rows, narrow).view(n, out_size, out_size, channels)
-    return out.permute(0, 3, 1, 2)
-
-
-def _resample_two_taps(images: torch.Tensor, rows: Taps, cols: Taps) -> torch.Tensor:
-    """(N, C, H, W) -> (N, C, out, out) in channels_last memory order, by gathers and lerps."""
-    n, channels, height, _ = images.shape
-    out = rows.first.shape[1]
-    across = lambda t: t[:, None, None, :].expand(n, channels, height, out)  # noqa: E731
-    narrow = torch.lerp(images.gather(3, across(cols.first)), images.gather(3, across(cols.second)),
-                        cols.weight[:, None, None, :].to(images.dtype))
-    narrow = narrow.permute(0, 2, 3, 1).contiguous()  # (N, H, out, C): rows gathered whole, NHWC out
-    down = lambda t: t[:, :, None, None].expand(n, out, out, channels)  # noqa: E731
-    result = torch.lerp(narrow.gather(1, down(rows.first)), narrow.gather(1, down(rows.second)),
-                        rows.weight[:, :, None, None].to(images.dtype))
-    return result.permute(0, 3, 1, 2)
+    channels = images.shape[1]
+    # Two batched matmuls, nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one,
+    # whose result is permuted (3.7 M values for 64 x 64 px sources) so that the large one,
+    # (N, out, H) @ (N, H, out*C), writes NHWC: channels_last without another copy of the output.
+    x = images.to(dtype).reshape(n, channels * src_h, src_w)
+    narrow = torch.bmm(x, cols.to(dtype).transpose(1, 2)).view(n, channels, src_h, out_size)
+    narrow = narrow.permute(0, 2, 3, 1).reshape(n, src_h, out_size * channels)
+    out = torch.bmm(rows.to(dtype), narrow).view(n, out_size, out_size, channels)
+    return out.permute(0, 3, 1, 2)  # (N, C, out, out) in channels_last memory order
 
 
 def _full_sizes(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
