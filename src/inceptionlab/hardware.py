@@ -458,6 +458,9 @@ class Decision:
     batch: int | None = None  # the batch the candidates were timed at, when smaller than the run's
 
     def line(self, what: str = "speed") -> str:
+        return f"{what}: {self.summary()}"
+
+    def summary(self) -> str:
         figures = ", ".join(f"{label} {ips:.1f}" for label, ips in sorted(self.img_per_s.items(), key=lambda kv: -kv[1]))
         how = {"measured": f"measured in {self.seconds:.1f} s", "cached": "cached measurement",
                "probe": "probe only", "pinned": "as set"}[self.source]
@@ -465,7 +468,12 @@ class Decision:
         evidence = f"; img/s{at}: {figures}" if figures else ""
         dropped = [f"{k}: {v}" for k, v in self.ruled_out.items() if k in ("bf16", "fp16")]
         ruled = f"; ruled out {'; '.join(dropped)}" if dropped else ""
-        return f"{what}: {self.choice.label} ({how}{evidence}{ruled})"
+        return f"{self.choice.label} ({how}{evidence}{ruled})"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+        return cls(Candidate(**data["choice"]), dict(data["img_per_s"]), dict(data["ruled_out"]), data["source"],
+                   float(data["seconds"]), data.get("batch"))
 
     def to_dict(self) -> dict[str, Any]:
         return {"choice": asdict(self.choice), "label": self.choice.label, "img_per_s": self.img_per_s,

@@ -65,8 +65,9 @@ def resolve_speed_settings(recipe: Recipe, model: nn.Module, task: Any, device: 
 
 
 def decide_training(recipe: Recipe, model: nn.Module, task: Any, device: torch.device, shape: RunShape,
-                    facts: hardware.DeviceFacts, *, fresh: bool = False,
+                    facts: hardware.DeviceFacts, *, fresh: bool = False, measure: bool = True,
                     cache: hardware.SpeedCache | None = None) -> hardware.Decision:
+    """Probe, then (with `measure`) time the remaining candidates; without it the cache or the probe decides."""
     want = wanted(recipe.train)
     if not _has_convolutions(model) and want.channels_last == hardware.AUTO:
         want = replace(want, channels_last=False)  # no convolution reads the memory format
@@ -74,9 +75,9 @@ def decide_training(recipe: Recipe, model: nn.Module, task: Any, device: torch.d
     batch = calibration_batch(model, shape, recipe.train.batch_size, device)
     key = hardware.make_key("train", facts, recipe.model.name, shape.input_shape, batch,
                             extra=f"{recipe.task}/{recipe.optim.name}/aux={recipe.model.aux_loss_weight is not None}")
-    measure = _training_measure(recipe, model, task, device, shape, batch)
+    timer = _training_measure(recipe, model, task, device, shape, batch) if measure else None
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        decision = hardware.decide(candidates, measure, key=key, cache=cache or hardware.SpeedCache(), fresh=fresh,
+        decision = hardware.decide(candidates, timer, key=key, cache=cache or hardware.SpeedCache(), fresh=fresh,
                                    ruled_out=reasons)
     if batch != recipe.train.batch_size:
         decision.batch = batch
