@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# Where torch comes from (src/inceptionlab/setup_plan.py decides; `make setup-plan` shows it):
+# Where torch comes from (tools/setup_plan.py decides; `make setup-plan` shows it):
 # - a GPU build that $(PYTHON) already has (AMD's ROCm or NVIDIA's PyTorch container) is reused:
 #   the venv sees the system's site-packages and torch/torchvision are not reinstalled;
 # - TORCH_INDEX=URL installs TORCH_PINS from that wheel index (PyTorch's ROCm or CUDA builds);
@@ -11,10 +11,10 @@ PY     := $(VENV)/bin/python
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 TORCH_INDEX ?=
 TORCH_FROM_SYSTEM ?= auto
-SETUP_PLAN = $(PYTHON) src/inceptionlab/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
+SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
 	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --extras test,demo
 
-.PHONY: setup setup-plan demo test bench lint clean
+.PHONY: setup setup-plan demo test docs docs-serve bench lint proto clean
 
 setup: $(VENV)/.installed
 
@@ -39,15 +39,31 @@ test: setup
 	$(PYTEST) --ignore-glob='tests/test_serve*.py'
 	# The server tests (uvicorn threads and subprocesses, a headless browser) in processes of their own:
 	# after the ~480 other tests in one process, the test process died with SIGSEGV as the browser
-	# test ended (twice; never in the serve tests alone, nor after test_runtimes): see the README.
+	# test ended (twice; never in the serve tests alone, nor after test_runtimes).
 	$(PYTEST) tests/test_serve*.py
+
+# The docs site (mkdocs.yml): strict, so a broken link or a missing page fails; offline. The CLI
+# reference and the performance tables are generated in the build (docs/hooks/generated.py).
+# `make test` builds it too (tests/test_docs.py). NO_MKDOCS_2_WARNING: Material's end-of-life banner.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs
+
+docs: setup
+	$(MKDOCS) build --strict
+
+docs-serve: setup
+	$(MKDOCS) serve
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py
 
 lint: setup
 	$(PY) -m pip install -q ruff
-	$(PY) -m ruff check --select F,E9,B --ignore B905,B008 --line-length 120 src tests benchmarks
+	$(PY) -m ruff check --select F,E9,B --ignore B905,B008 --line-length 120 src tests benchmarks tools
+
+# The gRPC server's messages: Triton's .proto files (src/inceptionlab/serve/proto, verbatim) compiled by
+# grpcio-tools' protoc (pinned in the `proto` extra, part of `test`) into serve/proto/inference.binpb.
+proto: setup
+	$(PY) -m inceptionlab.serve.proto
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build site src/*.egg-info

@@ -2,7 +2,9 @@
 
 For each recipe and seed: run the CLI in a fresh process (start-up, data reading, training, test,
 plots and export all counted, like timing the guide's whole Keras script), read the run's summary.
-Prints mean +- std over seeds with n. Also compares the two loaders on Fashion-MNIST.
+Prints mean +- std over seeds with n and writes them as a result file. Also compares the two loaders
+on Fashion-MNIST (`--loaders`). The guide's own Keras code for IMDB is timed on the same machine by
+`benchmarks/guide_keras_imdb.py`.
 
     python benchmarks/case_studies.py [--seeds 3] [--data ../shared/data] [--only fashion_mnist,imdb,cifar10]
 """
@@ -18,14 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import write_result  # this folder's sibling module
+
 CASES = {
     # name: (recipe, data folder under --data, extra overrides)
     "fashion_mnist": ("fashion_mnist/mlp", "fashion-mnist", []),
     "imdb": ("imdb/text_classifier", "imdb/aclImdb_labeled.tar.gz", []),
     "cifar10": ("cifar10/small_cnn", "cifar-10", []),
 }
-# What the guide's own Keras code took here (issue #3: TensorFlow 2.21 CPU, 3 seeds, whole script).
-KERAS = {"fashion_mnist": (0.875, 43.0), "imdb": (0.866, 46.0)}
 
 
 def run_once(recipe: str, data: Path, seed: int, extra: list[str], out: Path) -> dict:
@@ -54,20 +56,24 @@ def main() -> None:
     parser.add_argument("--only", default="fashion_mnist,imdb")
     parser.add_argument("--loaders", action="store_true", help="also time Fashion-MNIST with data.loader=workers")
     args = parser.parse_args()
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.only.split(","):
             recipe, folder, extra = CASES[name]
-            variants = [("resident", extra)]
+            variants = [("auto", extra)]
             if args.loaders and name == "fashion_mnist":
                 variants.append(("workers (2 processes)", [*extra, "data.loader=workers", "data.num_workers=2"]))
             for label, overrides in variants:
-                rows = [run_once(recipe, args.data / folder, seed, overrides, Path(tmp)) for seed in range(args.seeds)]
-                line = (f"{name:<14} {label:<22} accuracy {describe([r['accuracy'] for r in rows], 4)}  "
-                        f"wall {describe([r['wall_s'] for r in rows], 1)} s")
-                if name in KERAS:
-                    acc, secs = KERAS[name]
-                    line += f"  (guide's Keras: {acc} / {secs} s; ratio {statistics.mean(r['wall_s'] for r in rows) / secs:.2f})"
-                print(line, flush=True)
+                runs = [run_once(recipe, args.data / folder, seed, overrides, Path(tmp)) for seed in range(args.seeds)]
+                results.append({"recipe": recipe, "loader": label, "n": len(runs),
+                                "accuracy": describe([r["accuracy"] for r in runs], 4),
+                                "wall_s": describe([r["wall_s"] for r in runs], 1), "runs": runs})
+                print(f"{name:<14} {label:<22} accuracy {results[-1]['accuracy']}  wall {results[-1]['wall_s']} s",
+                      flush=True)
+    write_result("case_studies", results, settings={k: str(v) for k, v in vars(args).items()},
+                 title="The guide's case studies: the whole `inceptionlab train` command, full data",
+                 columns=[("recipe", "recipe"), ("loader", "data.loader"), ("n", "seeds"),
+                          ("accuracy", "test accuracy, mean +- std"), ("wall_s", "whole command s, mean +- std")])
 
 
 if __name__ == "__main__":

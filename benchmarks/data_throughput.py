@@ -26,7 +26,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -35,12 +34,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from _results import write_result  # this folder's sibling module
 from inceptionlab.config import load_recipe
-from inceptionlab.data.image_loader import ResidentImageOptions
-from inceptionlab.data.loaders import make_loader
+from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
+from inceptionlab.data.loading.image_options import DeviceImageOptions
+from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.readers import read_splits
-from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
-from inceptionlab.host import cpu_model_name
 from inceptionlab.models.spec import Normalize
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -104,7 +103,7 @@ def package_loader(root: Path, mode: str, batch: int, workers: int, device: torc
                                                         f"data.cache_size={cache_size}"])
     splits = read_splits(recipe.data)
     loader = make_loader(splits.train, batch_size=batch, train=True, seed=0, num_workers=workers, device=device,
-                         mode=mode, images=ResidentImageOptions.from_recipe(recipe))
+                         mode=mode, images=DeviceImageOptions.from_recipe(recipe))
     loader.set_epoch(0)
     return loader
 
@@ -130,7 +129,6 @@ def main() -> None:
     def normalised_bf16(x: torch.Tensor) -> torch.Tensor:
         return delivered(normalize(x.to(device, non_blocking=True)).to(torch.bfloat16))
 
-    load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = copy_dataset(args.data, Path(tmp))
@@ -151,22 +149,25 @@ def main() -> None:
         rows["stream@64"] = timed(lambda: package_loader(root, "stream", args.batch, args.workers, device, 64),
                                   args.warmup, args.batches, delivered)
     guide = rows["guide"]["images_per_s"]
-    for row in rows.values():
+    for name, row in rows.items():
+        row["pipeline"] = name
         row["vs_guide"] = row["images_per_s"] / guide
         row["cpu_vs_guide"] = rows["guide"]["cpu_ms_per_image"] / row["cpu_ms_per_image"]
-    env = {"cpu": cpu_model_name(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-           "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
-           "loadavg_before": load_before, "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
-           "batch": args.batch, "batches": args.batches, "workers": args.workers}
+    write_result("data_throughput", list(rows.values()), device=str(device),
+                 settings={k: str(v) for k, v in vars(args).items()},
+                 title=f"Normalised 299 px training batches of {args.batch} from 64 px tiny-imagenet images, "
+                       f"{args.workers} DataLoader workers",
+                 columns=[("pipeline", "pipeline"), ("images_per_s", "img/s", ".1f"), ("vs_guide", "vs the guide's", ".2f"),
+                          ("cpu_ms_per_image", "CPU ms per image", ".2f"),
+                          ("cache_build_seconds", "cache build s (once)", ".1f")])
     if args.json:
-        print(json.dumps({"rows": rows, "env": env}, indent=2))
+        print(json.dumps({"rows": rows}, indent=2))
         return
     print(f"{'pipeline':<10} {'img/s':>8} {'vs guide':>9} {'CPU ms/img':>11} {'img per CPU-s vs guide':>23}  notes")
     for name, row in rows.items():
         note = f"cache built in {row['cache_build_seconds']:.1f} s (once)" if "cache_build_seconds" in row else ""
         print(f"{name:<10} {row['images_per_s']:>8.1f} {row['vs_guide']:>8.2f}x {row['cpu_ms_per_image']:>11.2f} "
               f"{row['cpu_vs_guide']:>22.2f}x  {note}")
-    print(json.dumps(env))
 
 
 if __name__ == "__main__":

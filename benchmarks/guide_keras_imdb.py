@@ -1,14 +1,16 @@
 """The guide's own TensorFlow/Keras IMDB code, timed as a whole script: the reference for `imdb/text_classifier`.
 
-Runs in an environment that has TensorFlow (not a dependency of this project), for example
+The guide's code runs in a Python that has TensorFlow (not a dependency of this project), given by
+`--python`; this script itself runs in the project's environment, which writes the result file:
 
     python3 -m venv /tmp/tf && /tmp/tf/bin/pip install tensorflow-cpu
-    /tmp/tf/bin/python benchmarks/guide_keras_imdb.py --data ../shared/data/imdb/aclImdb_labeled.tar.gz
+    python benchmarks/guide_keras_imdb.py --python /tmp/tf/bin/python --data ../shared/data/imdb/aclImdb_labeled.tar.gz
 
 The archive is extracted to a temporary folder first, untimed (the guide's `get_file(untar=True)`
 downloads and extracts it; here there is no network). Then the guide's code, from its imports to
 `model.evaluate(test_ds)`, runs in a fresh process and is timed whole, start-up included, as
-`benchmarks/case_studies.py` times `inceptionlab train`. Prints one JSON line per seed.
+`benchmarks/case_studies.py` times `inceptionlab train`. Prints one JSON line per seed and writes
+mean +- std over the seeds as a result file.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+from _results import write_result  # this folder's sibling modules
+from case_studies import describe
 
 # The guide's code (case_studies.html, "TensorFlow with Text Classification"), its prints and
 # plots left out; the standardisation replaces "<br />" as TensorFlow's tutorial does.
@@ -74,6 +79,7 @@ model.compile(loss=losses.BinaryCrossentropy(from_logits=True), optimizer="adam"
               metrics=[tf.metrics.BinaryAccuracy(threshold=0.0)])
 model.fit(train_ds, validation_data=val_ds, epochs=10, verbose=0)
 loss, accuracy = model.evaluate(test_ds, verbose=0)
+print("TENSORFLOW", tf.__version__)
 print("ACCURACY", accuracy)
 '''
 
@@ -88,25 +94,37 @@ def extract(archive: Path, into: Path) -> Path:
     return roots[0].parent
 
 
-def run_guide(folder: Path, seed: int) -> dict:
+def run_guide(python: str, folder: Path, seed: int) -> dict:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", GUIDE, str(folder), str(seed)], capture_output=True, text=True)
+    proc = subprocess.run([python, "-c", GUIDE, str(folder), str(seed)], capture_output=True, text=True)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"the guide's code failed:\n{proc.stderr[-2000:]}")
     accuracy = float(proc.stdout.split("ACCURACY")[-1])
-    return {"case": "imdb", "code": "guide_keras", "seed": seed, "wall_s": round(wall, 2), "accuracy": accuracy}
+    tensorflow = proc.stdout.split("TENSORFLOW")[-1].split()[0]
+    return {"case": "imdb", "code": "guide_keras", "seed": seed, "wall_s": round(wall, 2), "accuracy": accuracy,
+            "tensorflow": tensorflow}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, required=True, help="aclImdb .tar.gz (or a folder holding aclImdb/)")
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--python", default=sys.executable, help="a Python with TensorFlow (default: this one)")
     args = parser.parse_args()
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = extract(args.data, Path(tmp)) if args.data.is_file() else args.data
         for seed in range(args.seeds):
-            print(json.dumps(run_guide(folder, seed)), flush=True)
+            runs.append(run_guide(args.python, folder, seed))
+            print(json.dumps(runs[-1]), flush=True)
+    row = {"code": "the guide's Keras code", "tensorflow": runs[0]["tensorflow"], "n": len(runs),
+           "accuracy": describe([r["accuracy"] for r in runs], 4), "wall_s": describe([r["wall_s"] for r in runs], 1),
+           "runs": runs}
+    write_result("guide_keras_imdb", [row], settings={k: str(v) for k, v in vars(args).items()},
+                 title="The guide's TensorFlow/Keras IMDB code, the whole script",
+                 columns=[("code", "code"), ("tensorflow", "TensorFlow"), ("n", "seeds"),
+                          ("accuracy", "test accuracy, mean +- std"), ("wall_s", "whole script s, mean +- std")])
 
 
 if __name__ == "__main__":

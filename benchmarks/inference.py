@@ -21,9 +21,12 @@ import json
 import os
 from pathlib import Path
 
-from inceptionlab.infer.bench import BenchSettings, Config, append_results, environment, result_records, run_bench
-from inceptionlab.infer.export import load_source
+from _results import render_file, write_result  # this folder's sibling module
+from inceptionlab.fileio import append_jsonl
+from inceptionlab.infer.bench import BenchSettings, Config, result_records, run_bench
 from inceptionlab.infer.runtimes import RUNTIMES, Target
+from inceptionlab.infer.source import load_source
+from inceptionlab.runtime import environment
 
 # (backend, precision, layout): the reference, the best of each runtime, and its int8 path.
 DEFAULT_CONFIGS = (
@@ -41,23 +44,23 @@ def parse_configs(text: str) -> list[Config]:
     return configs
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| backend | precision | layout | batch | p50 ms | vs eager fp32 (latency) | img/s | GFLOP/s | first call ms | top-1 agreement | usable | load |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]
+COLUMNS = [("backend", "backend"), ("precision", "precision"), ("layout", "layout"), ("batch", "batch"),
+           ("p50_ms", "p50 ms", ".1f"), ("latency_vs_eager_fp32", "latency vs eager fp32", ".2f"),
+           ("img_per_s", "img/s", ".1f"), ("gflops", "GFLOP/s", ".0f"), ("first_ms", "first call ms", ".0f"),
+           ("agreement_text", "top-1 agreement with fp32"), ("usable", "usable")]
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """Rows by batch, fastest first, with p50 latency over eager fp32 NCHW's at the same batch."""
+    ordered = []
     for batch in sorted({r["batch"] for r in rows}):
         base = next((r for r in rows if r["batch"] == batch and (r["backend"], r["precision"], r["layout"]) ==
                      ("eager", "fp32", "nchw")), None)
         for r in sorted((r for r in rows if r["batch"] == batch), key=lambda r: r["p50_ms"]):
-            ratio = f"{r['p50_ms'] / base['p50_ms']:.2f}x" if base else "-"
-            agree = "-" if r.get("agreement") is None else f"{r['agreement']:.1%} (n={r['agreement_images']})"
-            usable = "-" if r.get("usable") is None else ("yes" if r["usable"] else "no")
-            gflops = "-" if r["gflops"] is None else f"{r['gflops']:.0f}"
-            lines.append(f"| {r['backend']} | {r['precision']} | {r['layout']} | {batch} | {r['p50_ms']:.1f} | "
-                         f"{ratio} | {r['img_per_s']:.1f} | {gflops} | {r['first_ms']:.0f} | {agree} | "
-                         f"{usable} | {r['loadavg_1min']} |")
-    return "\n".join(lines)
+            agree = None if r.get("agreement") is None else f"{r['agreement']:.1%} (n={r['agreement_images']})"
+            ordered.append({**r, "latency_vs_eager_fp32": r["p50_ms"] / base["p50_ms"] if base else None,
+                            "agreement_text": agree})
+    return ordered
 
 
 def main() -> None:
@@ -81,13 +84,17 @@ def main() -> None:
                              args.calib_images, args.holdout_images)
     report = run_bench(source, parse_configs(args.configs), settings, log=lambda m: print(m, flush=True))
     env = environment("cpu")
-    append_results(source.bench_results,
-                   list(result_records(report, source, settings, "python benchmarks/inference.py", env)))
+    append_jsonl(source.bench_results,
+                 list(result_records(report, source, settings, "python benchmarks/inference.py", env)))
     print(f"\n{source.spec.arch} at {source.spec.crop_size} px, {report.rows[0]['gflop_per_image']} GFLOP/image; "
           f"{env['cpu']}, {env['torch_threads']} torch threads; torch {env['versions'].get('torch')}, "
           f"onnxruntime {env['versions'].get('onnxruntime')}, openvino {env['versions'].get('openvino')}; "
           f"iters {args.iters}, warm-up {args.warmup}; load average after: {os.getloadavg()[0]:.2f}\n")
-    print(markdown(report.rows))
+    rows = table_rows(report.rows)
+    path = write_result("inference", rows, env=env, settings={k: str(v) for k, v in vars(args).items()},
+                        columns=COLUMNS, title=f"{source.spec.arch} inference at {source.spec.crop_size} px, "
+                                               f"{report.rows[0]['gflop_per_image']} GFLOP per image")
+    print(render_file(path))
     for skipped in report.skipped:
         print(f"skipped {skipped.config.label}: {skipped.reason}")
     if args.json:

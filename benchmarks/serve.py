@@ -24,7 +24,6 @@ every figure, and the table says so.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -38,8 +37,8 @@ from typing import Any
 
 import httpx
 
-from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep
-from inceptionlab.serve.loadtest_report import environment
+from _results import render_file, write_result  # this folder's sibling module
+from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep
 
 # name -> `inceptionlab serve` options. "instances": two sessions, each with its own worker thread
 # (OpenVINO's CPU "streams" idea: two batches in flight on the cores instead of one).
@@ -169,7 +168,7 @@ def log(message: str) -> None:
 def bench_reference(args: argparse.Namespace, batches: list[int]) -> dict[int, float]:
     """images/s of the same runtime and precision from `bench`, per batch size (no server running)."""
     from inceptionlab.infer.bench import BenchSettings, Config, run_bench
-    from inceptionlab.infer.export import load_source
+    from inceptionlab.infer.source import load_source
     from inceptionlab.infer.runtimes import NATIVE_LAYOUT, RUNTIMES
 
     source = load_source(model=args.model, weights="random")
@@ -206,23 +205,12 @@ def summarize(results: list[dict[str, Any]], bench: dict[int, float]) -> list[di
     return rows
 
 
-def markdown(rows: list[dict[str, Any]], slo_ms: float) -> str:
-    def cell(value: Any, spec: str = "") -> str:
-        return "-" if value is None else format(value, spec)
-
-    lines = [f"| config | p50 / p99 ms at low load | p99 vs unbatched | highest rate with p99 <= {slo_ms:g} ms "
-             "| vs unbatched | saturation, tensors/s (avg batch) | bench img/s, same batch | server/bench "
-             "| saturation, JPEG/s | decode share | load avg |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(
-            f"| {r['config']} | {cell(r['low_p50_ms'], '.1f')} / {cell(r['low_p99_ms'], '.1f')} | "
-            f"{cell(r.get('low_p99_vs_unbatched'), '.2f')} | {cell(r['best_rate'], '.1f')} | "
-            f"{cell(r.get('rate_vs_unbatched'), '.2f')} | {cell(r['sat_tensor_per_s'], '.1f')} "
-            f"({cell(r['sat_batch'], '.2f')}) | {cell(r['bench_img_per_s'], '.1f')} | {cell(r['overhead_ratio'], '.2f')} | "
-            f"{cell(r['sat_image_per_s'], '.1f')} | {cell(r['decode_share'], '.0%')} | "
-            f"{r['loadavg'][0]:.1f} -> {r['loadavg'][1]:.1f} |")
-    return "\n".join(lines)
+COLUMNS = [("config", "config"), ("low_p50_ms", "p50 ms at low load", ".1f"), ("low_p99_ms", "p99 ms at low load", ".1f"),
+           ("low_p99_vs_unbatched", "p99 vs unbatched", ".2f"), ("best_rate", "highest rate holding the SLO, /s", ".1f"),
+           ("rate_vs_unbatched", "vs unbatched", ".2f"), ("sat_tensor_per_s", "saturation, tensors/s", ".1f"),
+           ("sat_batch", "avg batch", ".2f"), ("bench_img_per_s", "bench img/s, same batch", ".1f"),
+           ("overhead_ratio", "server/bench", ".2f"), ("sat_image_per_s", "saturation, JPEG/s", ".1f"),
+           ("decode_share", "decode share", ".0%"), ("loadavg", "load average before, after", ".1f")]
 
 
 def main() -> None:
@@ -254,24 +242,18 @@ def main() -> None:
     if unknown:
         parser.error(f"--configs {','.join(unknown)}: use {', '.join(CONFIGS)}")
     started = time.time()
-    env = environment()
     plan = Plan(args.low_rate, args.start_rate, args.slo_ms)
     results = [measure_config(name, CONFIGS[name], args, plan, args.out) for name in names]
     bench = bench_reference(args, [r["max_batch"] for r in results])
     rows = summarize(results, bench)
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv, "plan": vars(plan), "args": {k: str(v) for k, v in vars(args).items()},
-              "env": env, "seconds": round(time.time() - started), "summary": rows, "bench_img_per_s": bench,
-              "results": results}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"serve-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"{args.model} on {args.backend} {args.precision}, {env['cpu']} ({env['cpu_count']} cores, shared: "
-          f"load average {env['loadavg'][0]:.1f} at start); payload {args.payload}; {args.duration:g} s per "
-          f"measurement; {record['seconds']} s in all")
+    path = write_result("serve", rows, settings={k: str(v) for k, v in vars(args).items()}, columns=COLUMNS,
+                        title=f"`inceptionlab serve`: {args.model} on {args.backend} {args.precision}, payload "
+                              f"{args.payload}, SLO p99 <= {plan.slo_ms:g} ms, low load {plan.low_rate}/s",
+                        details={"plan": vars(plan), "seconds": round(time.time() - started),
+                                 "bench_img_per_s": bench, "results": results})
     print(f"low load {plan.low_rate}/s; sweeps from {plan.start_rate}/s (x1.5, then bisection to 10%); "
           f"SLO p99 <= {plan.slo_ms:g} ms")
-    print(markdown(rows, plan.slo_ms))
-    print(f"results: {path}")
+    print(render_file(path))
 
 
 if __name__ == "__main__":

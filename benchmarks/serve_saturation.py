@@ -29,12 +29,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from _results import write_result  # this folder's sibling module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def bench_img_per_s(args: argparse.Namespace) -> dict:
     from inceptionlab.infer.bench import BenchSettings, Config, run_bench
-    from inceptionlab.infer.export import load_source
+    from inceptionlab.infer.source import load_source
     from inceptionlab.infer.runtimes import NATIVE_LAYOUT
 
     # runs/exports under the workdir: where `serve` (run there) looks, so both use the same export
@@ -157,6 +159,14 @@ def main() -> None:
     if bench:
         result["ratio"] = round(served["img_per_s"] / (sum(bench) / len(bench)), 3)
     print(json.dumps(result, indent=2))
+    write_result("serve_saturation", [{**result, **{f"serve_{k}": v for k, v in served.items()}}],
+                 settings={k: str(v) for k, v in vars(args).items()},
+                 title=f"`inceptionlab serve` at saturation against `bench`: {args.model}, {args.backend} "
+                       f"{args.precision}, --max-batch {args.batch}, {concurrency} closed-loop clients",
+                 columns=[("serve_img_per_s", "served img/s", ".2f"), ("serve_avg_batch", "avg batch", ".2f"),
+                          ("bench_img_per_s_before_after", "bench img/s before, after"),
+                          ("ratio", "served / bench", ".2f"), ("serve_p50_ms", "p50 ms", ".1f"),
+                          ("serve_p99_ms", "p99 ms", ".1f")])
 
 
 if __name__ == "__main__":

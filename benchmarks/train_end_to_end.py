@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from data_throughput import copy_dataset  # this folder's sibling script
-from inceptionlab.host import cpu_model_name, load_average
+from _results import write_result  # this folder's sibling modules
+from data_throughput import copy_dataset
 
 ROWS = {
     "guide": ["train.precision=fp32", "train.channels_last=false", "data.loader=workers"],
@@ -55,22 +55,27 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    load_before = load_average()
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         data = copy_dataset(args.data, Path(tmp))  # the shared copy is read-only
         for name, overrides in ROWS.items():
-            rows[name] = train_row(data, Path(tmp) / "runs", overrides, args)
-    env = {"cpu": cpu_model_name(), "load_before": load_before, "load_after": load_average(),
-           "samples": args.samples, "batch": args.batch, "epochs": args.epochs, "workers": args.workers}
-    if args.json:
-        print(json.dumps({"rows": rows, "env": env}, indent=2))
-        return
+            rows[name] = {"config": name, "overrides": " ".join(overrides),
+                          **train_row(data, Path(tmp) / "runs", overrides, args)}
     guide = rows["guide"]["images_per_s"]
+    for row in rows.values():
+        row["vs_guide"] = round(row["images_per_s"] / guide, 2)
+    write_result("train_end_to_end", list(rows.values()), settings={k: str(v) for k, v in vars(args).items()},
+                 title=f"`inceptionlab train` on {args.samples} tiny-imagenet images, Inception v3 at 299 px, "
+                       f"batch {args.batch}, last of {args.epochs} epochs",
+                 columns=[("config", "configuration"), ("overrides", "settings"),
+                          ("images_per_s", "img/s", ".2f"), ("vs_guide", "vs the guide's loop", ".2f"),
+                          ("first_epoch_images_per_s", "first epoch img/s", ".2f")])
+    if args.json:
+        print(json.dumps({"rows": rows}, indent=2))
+        return
     for name, row in rows.items():
-        print(f"{name:<6} {row['images_per_s']:8.2f} img/s (last epoch)  {row['images_per_s'] / guide:5.2f}x  "
+        print(f"{name:<6} {row['images_per_s']:8.2f} img/s (last epoch)  {row['vs_guide']:5.2f}x  "
               f"first epoch {row['first_epoch_images_per_s']:.2f} img/s")
-    print(json.dumps(env))
 
 
 if __name__ == "__main__":

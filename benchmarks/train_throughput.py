@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 
 import torch
 import torch.nn.functional as F
-import torchvision
 
+from _results import write_result  # this folder's sibling module
 from inceptionlab.models.spec import Normalize
 from inceptionlab.engine.loop import StepSettings, train_step
 from inceptionlab.engine.task import make_task
@@ -93,9 +92,7 @@ def main() -> None:
     parser.add_argument("--configs", default="plain,bf16_cl,bf16_cl_compile")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    env = {"torch": torch.__version__, "torchvision": torchvision.__version__, "cpu": platform.processor() or platform.machine(),
-           "capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads()}
-    print(f"# Inception v3 training step, {args.size} px, batch {args.batch}; {env}", flush=True)
+    print(f"# Inception v3 training step, {args.size} px, batch {args.batch}", flush=True)
     rows = []
     for name in args.configs.split(","):
         row = measure(name, args.batch, args.size, args.steps, args.warmup)
@@ -104,8 +101,16 @@ def main() -> None:
               f"{name:<17} {row['img_per_s']:7.2f} img/s  (step {row['mean_step_s']:.3f}s, min {row['min_step_s']:.3f}s, "
               f"first {row['first_step_s']:.1f}s)", flush=True)
     base = rows[0]["img_per_s"]
+    for row in rows:
+        row["vs_first"] = round(row["img_per_s"] / base, 2)
     for row in rows[1:]:
-        print(f"# {row['config']}: {row['img_per_s'] / base:.2f}x the {rows[0]['config']} loop")
+        print(f"# {row['config']}: {row['vs_first']:.2f}x the {rows[0]['config']} loop")
+    write_result("train_throughput", rows, settings=vars(args),
+                 title=f"Inception v3 training step, {args.size} px, batch {args.batch}",
+                 columns=[("config", "configuration"), ("precision", "precision"), ("channels_last", "channels_last"),
+                          ("compile", "compile"), ("img_per_s", "img/s (mean step)", ".2f"),
+                          ("min_step_s", "best step s", ".3f"), ("first_step_s", "first step s", ".1f"),
+                          ("vs_first", f"vs {rows[0]['config']}", ".2f")])
 
 
 if __name__ == "__main__":

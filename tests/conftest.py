@@ -23,7 +23,7 @@ class CliResult:
 @pytest.fixture
 def cli(capsys):
     """Run `inceptionlab ARGS...` in-process; returns exit code, stdout and stderr."""
-    from inceptionlab.cli import main
+    from inceptionlab.cli.app import main
 
     def run(*args: str) -> CliResult:
         capsys.readouterr()
@@ -151,7 +151,7 @@ def cifar_root(tmp_path_factory):
 
     from helpers.cifar_writers import write_cifar10_batch
 
-    from inceptionlab.data.cifar10 import read_label_names
+    from inceptionlab.data.datasets.cifar10 import read_label_names
 
     source = shared_data("cifar-10")
     root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"

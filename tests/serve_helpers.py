@@ -31,10 +31,30 @@ def train_tiny_run(tmp_path_factory) -> tuple[Path, Path]:
     return _TINY["run"]
 
 
-def serve_model(run_dir: Path, backend: str = "eager", max_batch: int = 8):
-    from inceptionlab.serve.models import ServeSettings, load_served_model
+def train_tiny_text_run(tmp_path_factory) -> Path:
+    """The IMDB recipe's text classifier on a miniature aclImdb (positive and negative words), one
+    epoch, a few seconds: a text model to serve without the real data."""
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.fit import fit
 
-    settings = ServeSettings(backend=backend, precision="fp32", device="cpu", max_batch=max_batch,
+    if "text" not in _TINY:
+        root = tmp_path_factory.mktemp("serve_text") / "aclImdb"
+        words = {"pos": "great wonderful moving superb", "neg": "awful boring dull terrible"}
+        for split in ("train", "test"):
+            for label, text in words.items():
+                (root / split / label).mkdir(parents=True)
+                for i in range(10):
+                    (root / split / label / f"{i}_{8 if label == 'pos' else 2}.txt").write_text(f"{text} film {i}")
+        recipe = load_recipe("imdb/text_classifier", [f"data.root={root.parent}", "train.epochs=1", "data.download=false",
+                                                      "train.log_every=1"])
+        _TINY["text"] = (fit(recipe, root.parent / "runs", progress=False).run_dir, root)
+    return _TINY["text"][0]
+
+
+def serve_model(run_dir: Path, backend: str = "eager", max_batch: int = 8):
+    from inceptionlab.serve.models import ModelLoadSettings, load_served_model
+
+    settings = ModelLoadSettings(backend=backend, precision="fp32", device="cpu", max_batch=max_batch,
                              log=lambda message: None)
     return load_served_model(settings, run_dir=run_dir, name="tiny")
 

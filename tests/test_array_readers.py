@@ -25,10 +25,11 @@ from conftest import shared_data
 from helpers.cifar_writers import write_cifar10_batch, write_cifar10_meta
 from PIL import Image
 
-from inceptionlab.data import cifar10, mnist_idx
-from inceptionlab.data.cifar10 import load_cifar10, safe_extract_tar
-from inceptionlab.data.download import DownloadError
-from inceptionlab.data.mnist_idx import load_idx_split, read_idx
+from inceptionlab.data.datasets import cifar10, mnist
+from inceptionlab.data.datasets.cifar10 import load_cifar10
+from inceptionlab.data.datasets.mnist import load_idx_split, read_idx
+from inceptionlab.data.io.archives import safe_extract_tar
+from inceptionlab.data.io.download import DownloadError
 from inceptionlab.errors import UserError
 
 CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -63,7 +64,7 @@ def test_fashion_train_is_complete_balanced_and_fast(fashion_train):
     # The first labels of the official file: Ankle boot, T-shirt/top, T-shirt/top, Dress, ...
     assert split.targets[:10].tolist() == [9, 0, 0, 3, 0, 2, 7, 2, 5, 5]
     assert split.class_names[split.targets[0]] == "Ankle boot"
-    assert split.class_names == mnist_idx.FASHION_CLASSES
+    assert split.class_names == mnist.FASHION_CLASSES
     assert split.inputs.max() == 255 and split.inputs.min() == 0
     assert seconds < 5, f"loading 60,000 images took {seconds:.2f} s"
 
@@ -152,7 +153,7 @@ def test_missing_idx_files_and_offline_download(tmp_path, monkeypatch):
     def offline(url, dest, **kwargs):
         raise DownloadError(url, Path(dest), "network unreachable")
 
-    monkeypatch.setattr(mnist_idx, "fetch", offline)
+    monkeypatch.setattr(mnist, "fetch", offline)
     with pytest.raises(UserError, match="could not download train-images-idx3-ubyte.gz") as info:
         load_idx_split(tmp_path, "train", download=True)
     assert str(tmp_path) in str(info.value)
@@ -353,7 +354,7 @@ def test_tar_member_climbing_out_is_refused(tmp_path):
 
 def test_tar_symlink_member_is_refused(tmp_path):
     archive = make_tar(tmp_path / "link.tar.gz", {"a.txt": b"x"}, symlink="passwd")
-    with pytest.raises(UserError, match="is a link"):
+    with pytest.raises(UserError, match="is a symbolic link"):
         safe_extract_tar(archive, tmp_path / "dest")
 
 

@@ -18,7 +18,7 @@ import torch
 from conftest import shared_data
 from PIL import Image
 
-from inceptionlab.cli import main
+from inceptionlab.cli.app import main
 from inceptionlab.config import load_recipe
 from inceptionlab.engine.fit import fit
 
@@ -171,7 +171,8 @@ def test_evaluate_reads_only_the_split_it_scores(imdb_run, split, monkeypatch):
     """Same metrics as building the whole split pair (old path), from fewer reviews read."""
     from pathlib import Path
 
-    from inceptionlab.data import imdb, readers
+    from inceptionlab.data import readers
+    from inceptionlab.data.datasets import imdb
     from inceptionlab.infer.evaluate import evaluate_run, run_evaluation
     from inceptionlab.models.registry import load_run_model
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 import typer
 
-from inceptionlab.cli import app, options
+from inceptionlab.cli import options
+from inceptionlab.cli.app import app
 from inceptionlab.errors import UserError
 from inceptionlab.runtime import DEVICE_HELP
 
@@ -84,7 +85,7 @@ def test_serve_takes_runs_weights_and_device_like_the_other_commands():
 def test_the_program_freezes_the_collector_as_it_exits_with_mains_code(monkeypatch):
     import gc
 
-    import inceptionlab.cli as cli_module
+    import inceptionlab.cli.app as cli_module
 
     frozen = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(True))
@@ -92,3 +93,34 @@ def test_the_program_freezes_the_collector_as_it_exits_with_mains_code(monkeypat
     with pytest.raises(SystemExit) as caught:
         cli_module.program()
     assert caught.value.code == 3 and frozen == [True]
+
+
+def _modules_after(code: str) -> list[str]:
+    """The modules a fresh interpreter holds after running `code` (which may exit, as --help does)."""
+    import json
+    import subprocess
+
+    script = f"import json, sys\ntry:\n    {code}\nexcept SystemExit:\n    pass\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_command_module_imports_alone_the_package_file_pulls_in_nothing():
+    """No cycle through cli/__init__.py: a command module needs the package, the package needs no command."""
+    loaded = _modules_after("import inceptionlab.cli.bench")
+    assert [m for m in loaded if m.startswith("inceptionlab.cli")] == [
+        "inceptionlab.cli", "inceptionlab.cli.bench", "inceptionlab.cli.options"]
+
+
+def test_help_starts_without_torch_and_the_console_script_names_the_program():
+    import importlib
+    import re
+    from pathlib import Path
+
+    loaded = _modules_after("from inceptionlab.cli.app import main; main(['--help'])")
+    assert "inceptionlab.cli.app" in loaded and not [m for m in loaded if m == "torch" or m.startswith("torch.")]
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    [script] = re.findall(r'^inceptionlab = "([\w.:]+)"$', pyproject, re.MULTILINE)  # [project.scripts]
+    module, _, attribute = script.partition(":")
+    assert getattr(importlib.import_module(module), attribute) is importlib.import_module("inceptionlab.cli.app").program

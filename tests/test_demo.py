@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inceptionlab.data.digits import SPLITS, ensure_digits_imagefolder
+from inceptionlab.data.datasets.digits import SPLITS, ensure_digits_imagefolder
 from inceptionlab.errors import UserError
 
 

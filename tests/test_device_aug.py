@@ -13,12 +13,14 @@ from conftest import make_image_folder
 from torchvision.transforms import RandomResizedCrop, v2
 from torchvision.transforms.v2 import functional as F
 
-from inceptionlab.data import image_cache, image_loader
-from inceptionlab.data.device_aug import Boxes, DeviceAugment, pass_normalised, resample, sample_crop_params
-from inceptionlab.data.image_loader import ResidentImageLoader, ResidentImageOptions
-from inceptionlab.data.imagefolder import RobustImageFolder
-from inceptionlab.data.loaders import SkipTrackingLoader, make_loader
-from inceptionlab.data.stream_loader import StreamImageLoader
+from inceptionlab.data.datasets.imagefolder import RobustImageFolder
+from inceptionlab.data.loading import decoded_cache, resident
+from inceptionlab.data.loading.image_options import DeviceImageOptions
+from inceptionlab.data.loading.loaders import make_loader
+from inceptionlab.data.loading.resident import ResidentImageLoader
+from inceptionlab.data.loading.streamed import StreamImageLoader
+from inceptionlab.data.loading.workers import SkipTrackingLoader
+from inceptionlab.data.transforms.device import Boxes, DeviceAugment, pass_normalised, resample, sample_crop_params
 from inceptionlab.models.spec import Normalize
 
 DRAWS = 4000
@@ -162,27 +164,27 @@ def folder(tmp_path):
     return make_image_folder(tmp_path / "data", train_per_class=5, val_per_class=2, size=24)
 
 
-def options(**overrides) -> ResidentImageOptions:
-    return ResidentImageOptions(**{"train_size": 32, "val_resize_size": 32, "val_crop_size": 28, **overrides})
+def options(**overrides) -> DeviceImageOptions:
+    return DeviceImageOptions(**{"train_size": 32, "val_resize_size": 32, "val_crop_size": 28, **overrides})
 
 
 def test_cache_is_reused_and_rebuilt_when_a_file_changes(folder, monkeypatch):
     split = RobustImageFolder(folder / "train")
-    first = image_cache.load_or_build(split.samples, folder / "train", 64)
-    tensor_path, manifest_path = image_cache.cache_paths(folder / "train", 64)
+    first = decoded_cache.load_or_build(split.samples, folder / "train", 64)
+    tensor_path, manifest_path = decoded_cache.cache_paths(folder / "train", 64)
     assert tensor_path.is_file() and manifest_path.is_file()
     assert first.images.shape == (15, 3, 24, 24) and first.unreadable == []
     decodes = []
-    real_decode = image_cache.decode_split
-    monkeypatch.setattr(image_cache, "decode_split", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
-    again = image_cache.load_or_build(split.samples, folder / "train", 64)
+    real_decode = decoded_cache.decode_split
+    monkeypatch.setattr(decoded_cache, "decode_split", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
+    again = decoded_cache.load_or_build(split.samples, folder / "train", 64)
     assert decodes == [] and torch.equal(again.images, first.images)
     changed = folder / "train" / "cat" / "cat_0.png"
     from PIL import Image
 
     Image.new("RGB", (24, 24), (1, 2, 3)).save(changed)
     os.utime(changed, ns=(1, 1))  # a different mtime even on coarse-clock file systems
-    rebuilt = image_cache.load_or_build(split.samples, folder / "train", 64)
+    rebuilt = decoded_cache.load_or_build(split.samples, folder / "train", 64)
     assert decodes == [1]
     index = [path for path, _ in split.samples].index(str(changed))
     assert rebuilt.images[index, :, 0, 0].tolist() == [1, 2, 3]
@@ -194,7 +196,7 @@ def test_large_images_shrink_to_cache_size_keeping_aspect(tmp_path):
 
     Image.new("RGB", (80, 40), (9, 9, 9)).save(data / "train" / "cat" / "wide.png")
     split = RobustImageFolder(data / "train")
-    cache = image_cache.load_or_build(split.samples, data / "train", 32)
+    cache = decoded_cache.load_or_build(split.samples, data / "train", 32)
     index = [path for path, _ in split.samples].index(str(data / "train" / "cat" / "wide.png"))
     assert (int(cache.heights[index]), int(cache.widths[index])) == (16, 32)
     assert cache.images.shape[-2:] == (24, 32)
@@ -216,7 +218,7 @@ def test_auto_picks_resident_when_it_fits_and_stream_otherwise(folder, monkeypat
     common = dict(batch_size=4, train=True, seed=0, num_workers=0, images=options())
     assert isinstance(make_loader(split, mode="auto", **common), ResidentImageLoader)
     assert type(make_loader(split, mode="workers", **common)) is SkipTrackingLoader
-    monkeypatch.setattr(image_loader, "MEMORY_SHARE", 0.0)
+    monkeypatch.setattr(resident, "MEMORY_SHARE", 0.0)
     assert isinstance(make_loader(split, mode="auto", **common), StreamImageLoader)
     assert isinstance(make_loader(split, mode="resident", **common), ResidentImageLoader)
 
@@ -226,9 +228,9 @@ def test_a_small_sample_is_decoded_alone_and_equals_the_cached_split(folder):
     sample = Subset(split, [1, 4, 9, 12])  # what data.max_train_samples hands the loader
     common = dict(batch_size=4, train=True, seed=0, num_workers=0, images=options(hflip=True), mode="resident")
     alone = make_loader(sample, **common)
-    tensor_path, manifest_path = image_cache.cache_paths(folder / "train", 342)
+    tensor_path, manifest_path = decoded_cache.cache_paths(folder / "train", 342)
     assert not tensor_path.exists() and not manifest_path.exists()  # 4 of 15 images: no cache of all 15
-    image_cache.load_or_build(split.samples, folder / "train", 342)
+    decoded_cache.load_or_build(split.samples, folder / "train", 342)
     cached = make_loader(sample, **common)  # a current cache exists now: the sample is taken from it
     for loader in (alone, cached):
         loader.set_epoch(1)
@@ -287,7 +289,7 @@ def test_training_resumes_bit_exactly_with_the_resident_image_loader(folder, tmp
 @pytest.mark.parametrize("size", [24, 64, 97])
 def test_sparse_upscale_weights_equal_the_dense_ones_bit_for_bit(size):
     """The CPU shortcut for scale <= 1 (three candidate taps, scattered) gives the dense matrix exactly."""
-    from inceptionlab.data.device_aug import _dense_weights, _upscale_weights
+    from inceptionlab.data.transforms.device import _dense_weights, _upscale_weights
 
     generator = torch.Generator().manual_seed(size)
     heights, widths = torch.randint(4, size + 1, (64,), generator=generator), torch.full((64,), size)

@@ -20,7 +20,7 @@ from inceptionlab.doctor import (
     run_doctor,
     torchvision_check,
 )
-from inceptionlab.setup_plan import TorchInfo
+from inceptionlab.torch_build import TorchInfo
 
 needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="asserts behaviour when torch sees no GPU")
 # With /dev/kfd, nvidia-smi etc. present but no GPU visible, failing is the right answer.

@@ -185,14 +185,14 @@ def test_training_learns_the_tiny_task(tmp_path):
 
 @pytest.fixture
 def built(monkeypatch):
-    """The Session that `fit` builds, kept for inspection, plus what its training steps did.
+    """The TrainingSession that `fit` builds, kept for inspection, plus what its training steps did.
 
     `dtypes`: the output dtypes of every Conv2d/Linear in training forwards (autocast's effect);
     `conv_inputs_channels_last`: whether each training input reached the first conv as NHWC;
     `scaled`: loss.scale(loss) / loss per step (the GradScaler's factor).
     """
     seen = SimpleNamespace(session=None, dtypes=set(), conv_inputs_channels_last=set(), scaled=[])
-    real_build = engine_fit.build_session
+    real_build = engine_fit.build_training_session
 
     def record_dtype(module, inputs, output):
         if module.training:
@@ -220,7 +220,7 @@ def built(monkeypatch):
         s.scaler.scale = scale
         return s
 
-    monkeypatch.setattr(engine_fit, "build_session", build)
+    monkeypatch.setattr(engine_fit, "build_training_session", build)
     return seen
 
 
@@ -333,7 +333,7 @@ def test_aux_logits_loss_is_weighted_by_model_aux_loss_weight(image_folder):
     # init_weights=false: skip torchvision's truncated-normal init of 27M weights (values do not matter here).
     recipe = recipe_for(image_folder, "model.aux_loss_weight=0.3", "data.train_crop_size=299",
                         "model.kwargs.init_weights=false")
-    s = engine_session.build_session(recipe)
+    s = engine_session.build_training_session(recipe)
     assert s.model.AuxLogits is not None and s.model.AuxLogits.fc.out_features == 3
     torch.manual_seed(0)
     images, targets = torch.rand(2, 3, 299, 299), torch.tensor([0, 2])  # the aux head needs 299 px

@@ -11,7 +11,7 @@ import torch
 import torchvision
 from conftest import shared_data
 
-from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 from inceptionlab.models.registry import cached_weights_file
 
 

@@ -38,7 +38,7 @@ def cli_module():
 
     from conftest import CliResult
 
-    from inceptionlab.cli import main
+    from inceptionlab.cli.app import main
 
     def run(*args):
         out, err = io.StringIO(), io.StringIO()
@@ -73,7 +73,9 @@ def test_export_writes_onnx_and_sidecar_after_parity_on_real_images(small_run, e
 
 
 def test_exported_graph_has_a_dynamic_batch_and_matches_pytorch(small_run, exported):
-    from inceptionlab.infer.export import load_source, random_inputs, torch_logits
+    from inceptionlab.infer.inputs import random_inputs
+    from inceptionlab.infer.parity import torch_logits
+    from inceptionlab.infer.source import load_source
 
     source = load_source(run_dir=small_run)
     session = ort.InferenceSession(exported["path"], providers=["CPUExecutionProvider"])
@@ -86,7 +88,8 @@ def test_exported_graph_has_a_dynamic_batch_and_matches_pytorch(small_run, expor
 
 
 def test_current_export_is_reused_only_for_the_same_weights(small_run, exported):
-    from inceptionlab.infer.export import current_export, load_source
+    from inceptionlab.infer.export import current_export
+    from inceptionlab.infer.source import load_source
 
     source = load_source(run_dir=small_run)
     assert current_export(source) == small_run / "exports" / "model.onnx"
@@ -104,11 +107,11 @@ def test_static_batch_and_older_opset(small_run, tmp_path, cli):
 
 
 def test_parity_failure_is_loud_and_writes_nothing(small_run, tmp_path, cli, monkeypatch):
-    import inceptionlab.infer.export as export
+    import inceptionlab.infer.parity as parity
 
     run = shutil.copytree(small_run, tmp_path / "run", ignore=shutil.ignore_patterns("exports"))
-    real = export.onnx_logits
-    monkeypatch.setattr(export, "onnx_logits", lambda *a, **k: real(*a, **k) * 1.01)  # a 1% scale bug
+    real = parity.onnx_logits
+    monkeypatch.setattr(parity, "onnx_logits", lambda *a, **k: real(*a, **k) * 1.01)  # a 1% scale bug
     result = cli("export", run)
     assert result.code == 2
     assert "parity failed, nothing written" in result.err and "max rel err" in result.err
@@ -117,7 +120,7 @@ def test_parity_failure_is_loud_and_writes_nothing(small_run, tmp_path, cli, mon
 
 
 def test_parity_rule_allows_only_near_tie_flips():
-    from inceptionlab.infer.export import compare_logits
+    from inceptionlab.infer.parity import compare_logits
 
     reference = np.array([[5.0, 1.0, 0.0], [2.0, 1.999999, 0.0]])
     near_tie_flip = np.array([[5.0, 1.0, 0.0], [1.999998, 1.999999, 0.0]])
@@ -194,7 +197,7 @@ def test_model_files_that_are_truncated_foreign_or_not_onnx_are_rejected(small_r
 
 
 def test_check_onnx_file_names_the_expected_shapes(tmp_path):
-    from inceptionlab.infer.export import check_onnx_file
+    from inceptionlab.infer.onnx_graph import check_onnx_file
 
     _tiny_onnx(tmp_path / "m.onnx", classes=10, size=32)
     spec = ModelSpec("resnet18", 3, ["a", "b", "c"], crop_size=32, resize_size=32)

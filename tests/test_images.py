@@ -11,12 +11,8 @@ import pytest
 from PIL import Image
 
 from conftest import shared_data
-from inceptionlab.data.images import (
-    IMAGE_EXTENSIONS,
-    ImageReadError,
-    expand_image_paths,
-    load_rgb,
-)
+from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS, expand_image_paths
 from inceptionlab.errors import UserError
 
 WHITE = (255, 255, 255)
@@ -290,7 +286,7 @@ def test_permission_denied(tmp_path):
 
 def test_permission_denied_message_even_as_root(tmp_path, monkeypatch):
     # Root ignores file modes, so simulate what open() raises for an unreadable file.
-    import inceptionlab.data.images as images
+    import inceptionlab.data.io.decode as images
 
     def refuse(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(path))

@@ -13,6 +13,8 @@ import io
 import json
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,9 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from inceptionlab import host
 from inceptionlab.errors import UserError
-from inceptionlab.serve import loadtest as lt
-from inceptionlab.serve.loadtest_report import format_table, plot_latency_vs_rate
+from inceptionlab.loadtest import generator as lt
+from inceptionlab.loadtest.payloads import infer_body
+from inceptionlab.loadtest.report import format_table, plot_latency_vs_rate
+from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats
+from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements
 
 fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
@@ -168,11 +174,11 @@ def test_latency_is_counted_from_scheduled_time_not_send_time():
 def test_binary_bytes_tensor_matches_tritons_serializer():
     utils = pytest.importorskip("tritonclient.utils")
     items = [b"\xff\xd8jpeg", b"", b"x" * 300]
-    ours = lt.bytes_tensor(items)
+    ours = encode_bytes_elements(items)  # the server's codec, which the client sends with
     theirs = utils.serialize_byte_tensor(np.array(items, dtype=np.object_))
     assert ours == theirs.item()  # a 0-d object array holding the serialized bytes
-    request = lt.infer_body("image", "BYTES", [3], ours, "logits")
-    length = int(request.headers[lt.HEADER_LENGTH])
+    request = infer_body("image", "BYTES", [3], ours, "logits")
+    length = int(request.headers[HEADER_LENGTH])
     header = json.loads(request.body[:length])
     assert header["inputs"][0] == {"name": "image", "shape": [3], "datatype": "BYTES",
                                    "parameters": {"binary_data_size": len(ours)}}
@@ -215,9 +221,9 @@ def test_server_stats_from_our_metrics_and_tritons():
         f'inceptionlab_request_seconds_sum{{model="m"}} {2 * c}\ninceptionlab_request_seconds_count{{model="m"}} {n}\n'
         f'inceptionlab_requests_total{{model="m",outcome="rejected"}} {n // 10}\n'
         f'inceptionlab_inferences_total{{model="other"}} 999\n')
-    before = lt.parse_metrics(ours(10, 10, 0.1, 0.5, 10), "m")
-    after = lt.parse_metrics(ours(110, 35, 1.1, 3.0, 110), "m")
-    stats = lt.server_stats(before, after)
+    before = parse_metrics(ours(10, 10, 0.1, 0.5, 10), "m")
+    after = parse_metrics(ours(110, 35, 1.1, 3.0, 110), "m")
+    stats = server_stats(before, after)
     # 100 images in 25 executions: batches of 4; 1 s queued and 2.5 s computing over 100 requests.
     assert stats["metrics"] == "inceptionlab" and stats["avg_batch"] == 4.0
     assert stats["queue_ms"] == pytest.approx(10.0) and stats["compute_ms"] == pytest.approx(25.0)
@@ -227,11 +233,11 @@ def test_server_stats_from_our_metrics_and_tritons():
         f'nv_inference_request_success{{model="m",version="1"}} {ok}\n'
         f'nv_inference_queue_duration_us{{model="m",version="1"}} {q}\n'
         f'nv_inference_compute_infer_duration_us{{model="m",version="1"}} {c}\n')
-    stats = lt.server_stats(lt.parse_metrics(triton(0, 0, 0, 0, 0), "m"),
-                            lt.parse_metrics(triton(64, 8, 64, 128000, 640000), "m"))
+    stats = server_stats(parse_metrics(triton(0, 0, 0, 0, 0), "m"),
+                            parse_metrics(triton(64, 8, 64, 128000, 640000), "m"))
     assert stats["metrics"] == "triton" and stats["avg_batch"] == 8.0
     assert stats["queue_ms"] == pytest.approx(2.0) and stats["compute_ms"] == pytest.approx(10.0)
-    assert lt.server_stats(None, after) == {} and lt.server_stats({"x": 1.0}, {"x": 2.0}) == {}
+    assert server_stats(None, after) == {} and server_stats({"x": 1.0}, {"x": 2.0}) == {}
 
 
 # --------------------------------------------------------------------------------------- against the stub
@@ -349,6 +355,10 @@ def test_cli_json_rows_results_file_and_plot(stub, cli, tmp_path):
     assert row["mode"] == "open" and row["rate"] == 40.0 and row["ok"] > 0 and "p999_ms" in row
     saved = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert saved[0]["p99_ms"] == row["p99_ms"] and saved[0]["env"]["cpu"] and "loadtest" in saved[0]["command"]
+    # One environment record: the client's is the torch-free base that env.json and bench rows extend.
+    from inceptionlab.runtime import environment
+
+    assert set(saved[0]["env"]) == set(host.environment()) and set(saved[0]["env"]) < set(environment("cpu"))
     png = (tmp_path / "plots" / "loadtest.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
@@ -371,7 +381,7 @@ def test_cli_table_and_bad_inputs(stub, cli, tmp_path):
 
 
 def test_api_key_is_sent_and_never_written(stub, cli, tmp_path, monkeypatch):
-    from inceptionlab.serve.loadtest_report import redacted
+    from inceptionlab.loadtest.report import redacted
 
     url, behaviour = stub
     monkeypatch.setattr("sys.argv", ["inceptionlab", "loadtest", url, "--api-key", "s3cret"])
@@ -420,15 +430,17 @@ def real_server():
     """`inceptionlab serve`'s app with a tiny model (max batch 8, 5 ms delay, queue of 4) on 127.0.0.1."""
     models = pytest.importorskip("inceptionlab.serve.models")
     app_module = pytest.importorskip("inceptionlab.serve.app")
+    from inceptionlab.infer.batching import batch_buckets
     from inceptionlab.infer.runtimes import TorchSession
     from inceptionlab.models.spec import ModelSpec
+    from inceptionlab.serve.service import RequestSettings
 
     spec = ModelSpec("tiny", 3, ["a", "b", "c"], crop_size=32, resize_size=36)
-    buckets = models.batch_buckets(8)
+    buckets = batch_buckets(8)
     net = SlowTinyNet().eval()
     engine = models.Engine({b: TorchSession(net, "fp32", "nchw", "cpu", b) for b in buckets}, buckets)
     served = models.ServedModel("tiny", spec, "test", "eager", "fp32", "cpu", [engine], max_batch=8)
-    app = app_module.create_app([served], app_module.ServerSettings(max_delay_ms=5.0, max_queue=4))
+    app = app_module.create_app([served], RequestSettings(max_delay_ms=5.0, max_queue=4))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
@@ -464,3 +476,16 @@ def test_against_our_server_503s_match_its_rejections(real_server):
     assert row["rejected"] > 0 and row["ok"] > 0 and row["error"] == 0
     assert row["server"]["outcomes"]["rejected"] == row["rejected"]
     assert row["slo_met"] is False
+
+
+def test_the_load_generator_imports_no_torch_and_nothing_of_serve_but_the_protocol():
+    """Start-up time of a client, and the layer contract: what `inceptionlab loadtest` imports to run."""
+    modules = ("inceptionlab.cli.loadtest", "inceptionlab.loadtest.generator", "inceptionlab.loadtest.report",
+               "inceptionlab.fileio")
+    script = (f"import json, sys\nfor name in {modules!r}: __import__(name)\n"
+              "print(json.dumps(sorted(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    assert not [m for m in loaded if m == "torch" or m.startswith(("torch.", "torchvision"))]
+    assert [m for m in loaded if m.startswith("inceptionlab.serve")] == ["inceptionlab.serve", "inceptionlab.serve.protocol"]

@@ -30,7 +30,7 @@ BENCH_ONE = ["--backend", "eager", "--precision", "fp32", "--batch", "1", "--ite
 
 
 def _tiny_imagenet(tmp: Path) -> Path:
-    from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+    from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 
     root = tmp / "tiny-imagenet-200"
     shutil.copytree(shared_data("tiny-imagenet-200"), root, copy_function=shutil.copy)

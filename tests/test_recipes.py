@@ -139,8 +139,14 @@ def test_a_built_wheel_ships_every_recipe(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(project),
                     "-w", str(tmp_path / "dist")], check=True, capture_output=True, timeout=240)
     (wheel,) = (tmp_path / "dist").glob("*.whl")
-    shipped = {n.split("inceptionlab/recipes/", 1)[1] for n in zipfile.ZipFile(wheel).namelist() if "/recipes/" in n}
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n.split("inceptionlab/recipes/", 1)[1] for n in names if "/recipes/" in n}
     assert shipped == {f"{name}.yaml" for name in ALL_RECIPES}
+    # Every module of every subpackage and every resource (sample pictures, the page) is in it too.
+    package = repo / "src" / "inceptionlab"
+    in_tree = {f"inceptionlab/{p.relative_to(package).as_posix()}" for p in package.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert in_tree - set(names) == set()
 
 
 # Readers whose samples are token ids (a model input of shape (batch, sequence_length)), not images.

@@ -11,9 +11,11 @@ import torch
 from conftest import make_image_folder
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.export import ModelSource, load_source, random_inputs, state_checksum, torch_logits
+from inceptionlab.infer.inputs import random_inputs
+from inceptionlab.infer.parity import torch_logits
 from inceptionlab.infer.quantize import MIN_HOLDOUT_IMAGES, image_sets, judge
 from inceptionlab.infer.runtimes import RUNTIMES, Artifacts, Target, Unsupported, choose_ort_provider, describe_runtimes
+from inceptionlab.infer.source import ModelSource, load_source, state_checksum
 from inceptionlab.models.registry import build_model
 from inceptionlab.models.spec import ModelSpec
 
@@ -136,7 +138,7 @@ def trained(squares_run, tmp_path_factory):
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
 def test_int8_agreement_on_held_out_real_images(trained, backend):
-    from inceptionlab.infer.export import image_files
+    from inceptionlab.infer.inputs import image_files
 
     if not installed(backend):
         pytest.skip(f"{backend} not installed")
@@ -162,7 +164,7 @@ def test_int8_is_quantized_for_real(trained):
     """The QDQ model holds int8 weights and uint8 activations, per channel (not a copy of fp32)."""
     import onnx
 
-    from inceptionlab.infer.export import image_files
+    from inceptionlab.infer.inputs import image_files
 
     source, pool = trained
     sets = image_sets(image_files([pool], source)[:30], source.spec, calibration=10, holdout=20)

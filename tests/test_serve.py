@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import socket
 import struct
+import time
 import zlib
 
 import httpx
@@ -19,7 +21,8 @@ from serve_helpers import serve_model, train_tiny_run, uvicorn_thread
 
 from inceptionlab.infer.predict import Predictor
 from inceptionlab.models.registry import load_run_model
-from inceptionlab.serve.app import ServerSettings, create_app
+from inceptionlab.serve.app import create_app
+from inceptionlab.serve.service import RequestSettings
 from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements
 
 
@@ -31,7 +34,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(tiny):
-    with TestClient(create_app([tiny[2]], ServerSettings(max_body_bytes=2_000_000))) as c:
+    with TestClient(create_app([tiny[2]], RequestSettings(max_body_bytes=2_000_000))) as c:
         yield c
 
 
@@ -54,12 +57,23 @@ def test_health_metadata_and_config(client):
     assert client.get("/v2/health/live").json() == {"live": True}
     assert client.get("/v2/health/ready").status_code == 200
     meta = client.get("/v2/models/tiny").json()
-    assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, 75, 75]}]
+    # Both image inputs as clients discover them: the tensor, and encoded files as Triton declares
+    # an encoded-image input of a batching model (BYTES, dims [1]).
+    assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, 75, 75]},
+                              {"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]}]
     assert meta["outputs"][0] == {"name": "probabilities", "datatype": "FP32", "shape": [-1, 3]}
     assert client.get("/v2/models/tiny/ready").json() == {"name": "tiny", "ready": True}
     config = client.get("/v2/models/tiny/config").json()
     assert config["max_batch_size"] == 8 and config["dynamic_batching"]["preferred_batch_size"] == [1, 2, 4, 8]
-    assert config["labels"] == ["cat", "dog", "fox"]
+    # Triton's ModelConfig form, which perf_analyzer reads: dims without the batch axis, each image
+    # input optional (a request gives one of them).
+    assert config["input"] == [
+        {"name": "images", "data_type": "TYPE_FP32", "dims": [3, 75, 75], "format": "FORMAT_NCHW", "optional": True},
+        {"name": "image_bytes", "data_type": "TYPE_STRING", "dims": [1], "optional": True}]
+    assert config["output"][0] == {"name": "probabilities", "data_type": "TYPE_FP32", "dims": [3]}
+    assert config["parameters"]["precision"] == {"string_value": "fp32"}
+    assert config["parameters"]["labels"]["string_value"].split("\n") == ["cat", "dog", "fox"]
+    assert set(client.get("/v2").json()["extensions"]) >= {"binary_tensor_data", "statistics"}
 
 
 def test_classify_matches_predict_for_raw_and_multipart_uploads(tiny, client):
@@ -106,6 +120,56 @@ def test_fp32_uint8_and_encoded_inputs_give_the_same_answer(tiny, client):
     assert from_fp32.sum() == pytest.approx(1.0, abs=1e-5)
 
 
+def _b64_request(name: str, shape: list[int], blobs: list[bytes]) -> str:
+    data = [{"b64": base64.b64encode(b).decode()} for b in blobs]
+    return json.dumps({"inputs": [{"name": name, "shape": shape, "datatype": "BYTES", "data": data}],
+                       "outputs": [{"name": "probabilities"}]})
+
+
+@pytest.mark.parametrize("name, shape", [("image_bytes", [2, 1]), ("image_bytes", [2]), ("images", [2, 1]),
+                                         ("images", [2])])
+def test_encoded_images_take_shape_n_or_n_by_1_on_either_input(tiny, client, name, shape):
+    """perf_analyzer sends [1, 1] for an input declared [-1, 1]; hand-written clients send [N]."""
+    files = sorted((tiny[1] / "val").rglob("*.png"))[:2]
+    response = _infer(client, _b64_request(name, shape, [png_bytes(f) for f in files]))
+    assert response.status_code == 200, response.text
+    probs = np.array(response.json()["outputs"][0]["data"]).reshape(2, 3)
+    for row, file in zip(probs, files):
+        want = client.post("/v1/classify?topk=3", content=png_bytes(file)).json()["results"][0]["topk"]
+        assert {label: row[i] for i, label in enumerate(["cat", "dog", "fox"])} == \
+            pytest.approx(by_label(want), abs=1e-4)
+
+
+def test_repository_index_and_statistics_count_what_metrics_count(tiny):
+    app = create_app([tiny[2]], RequestSettings())
+    image = png_bytes(sorted((tiny[1] / "val").rglob("*.png"))[0])
+    with TestClient(app) as c:
+        listed = [{"name": "tiny", "version": "1", "state": "READY", "reason": ""}]
+        assert c.post("/v2/repository/index").json() == listed
+        assert c.post("/v2/repository/index", json={"ready": True}).json() == listed
+        for _ in range(3):
+            assert c.post("/v1/classify", content=image).status_code == 200
+        assert _infer(c, _tensor_request(shape=(1, 3, 32, 32))).status_code == 400
+        stats = c.get("/v2/models/tiny/stats").json()["model_stats"]
+        metrics = c.get("/metrics").text
+        assert c.get("/v2/models/stats").json()["model_stats"] == stats
+        missing = c.get("/v2/models/resnet999/stats")
+        assert missing.status_code == 404 and "unknown model" in missing.json()["error"]
+    [model] = stats
+    inference = model["inference_stats"]
+    assert model["name"] == "tiny" and model["inference_count"] == 3 and 1 <= model["execution_count"] <= 3
+    assert inference["success"]["count"] == 3 and inference["fail"]["count"] == 1
+    assert inference["queue"]["count"] == 3
+    assert inference["compute_input"]["count"] == inference["compute_infer"]["count"] == \
+        inference["compute_output"]["count"] == 3  # perf_analyzer refuses unequal compute counts
+    assert inference["success"]["ns"] == pytest.approx(
+        _metric(metrics, 'inceptionlab_success_seconds_total{model="tiny"}') * 1e9, rel=1e-6)
+    assert inference["queue"]["ns"] == pytest.approx(
+        _metric(metrics, 'inceptionlab_queue_seconds_sum{model="tiny"}') * 1e9, rel=1e-6)
+    assert 0 < inference["compute_infer"]["ns"] < inference["success"]["ns"]
+    assert abs(model["last_inference"] / 1e3 - time.time()) < 60
+
+
 def _bomb_png(width=30_000, height=30_000) -> bytes:
     """A valid tiny PNG whose header claims 900 Mpx (PIL refuses it before decoding)."""
     buffer = io.BytesIO()
@@ -141,6 +205,12 @@ BAD_REQUESTS = {
     "wrong dtype": ("/v2/models/tiny/infer", _tensor_request(datatype="INT64").encode(), 400, "INT64"),
     "data/shape mismatch": ("/v2/models/tiny/infer", json.dumps({"inputs": [{"name": "images", "shape": [1, 3, 75, 75],
                             "datatype": "FP32", "data": [0.0]}]}).encode(), 400, "needs 16875 elements"),
+    "BYTES of shape [1, 2]": ("/v2/models/tiny/infer", _b64_request("image_bytes", [1, 2], [b"x", b"y"]).encode(),
+                              400, "'image_bytes': takes BYTES of shape [N] or [N, 1]"),
+    "two inputs": ("/v2/models/tiny/infer", json.dumps({"inputs": [
+        *json.loads(_tensor_request())["inputs"], *json.loads(_b64_request("image_bytes", [1], [b"x"]))["inputs"]]}
+    ).encode(), 400, "exactly one input"),
+    "bad repository index request": ("/v2/repository/index", b'{"ready": "yes"}', 400, '{"ready": true|false}'),
     "unknown model": ("/v2/models/resnet999/infer", _tensor_request().encode(), 404, "unknown model"),
     "unknown route": ("/v2/nothing", b"{}", 404, "no route"),
 }
@@ -158,7 +228,7 @@ def test_bad_input_is_a_one_line_4xx_and_the_next_request_is_answered(tiny, clie
 
 
 def test_api_key_is_required_when_set(tiny):
-    app = create_app([tiny[2]], ServerSettings(api_key="s3cret"))
+    app = create_app([tiny[2]], RequestSettings(api_key="s3cret"))
     with TestClient(app) as c:
         assert c.get("/v2/health/ready").status_code == 200  # probes stay open
         refused = c.get("/v2/models/tiny")
@@ -178,7 +248,7 @@ async def _burst(base: str, body: bytes, count: int, concurrency: int) -> list[h
 
 
 def test_concurrent_requests_are_batched_and_counted(tiny):
-    app = create_app([tiny[2]], ServerSettings(max_delay_ms=20))
+    app = create_app([tiny[2]], RequestSettings(max_delay_ms=20))
     body = png_bytes(sorted((tiny[1] / "val").rglob("*.png"))[0])
     with uvicorn_thread(app) as base:
         responses = asyncio.run(_burst(base, body, 32, 16))
@@ -194,7 +264,7 @@ def test_concurrent_requests_are_batched_and_counted(tiny):
 
 def test_overload_rejects_with_503_and_answers_every_accepted_request(tiny):
     # Queue of 4 requests, one batch of 1 at a time: 48 concurrent requests are well over 3x what it holds.
-    app = create_app([tiny[2]], ServerSettings(max_queue=4, max_delay_ms=0))
+    app = create_app([tiny[2]], RequestSettings(max_queue=4, max_delay_ms=0))
     state = app.state.serve
     body = png_bytes(sorted((tiny[1] / "val").rglob("*.png"))[0])
     with uvicorn_thread(app) as base:
@@ -217,7 +287,7 @@ def _raw_request(port: int, head: bytes, body: bytes) -> None:
 
 
 def test_client_disconnects_leak_nothing(tiny):
-    app = create_app([tiny[2]], ServerSettings())
+    app = create_app([tiny[2]], RequestSettings())
     state = app.state.serve
     image = png_bytes(sorted((tiny[1] / "val").rglob("*.png"))[0])
     with uvicorn_thread(app) as base:
@@ -247,7 +317,7 @@ def test_exported_runtimes_answer_like_predict_at_every_batch_size(tiny, backend
     assert served.backend == backend and served.precision == "fp32" and served.buckets == [1, 2, 4]
     files = sorted((data / "val").rglob("*.png"))[:3]  # 3 images: padded to the bucket of 4
     expected = reference_probs(run_dir, files)
-    with TestClient(create_app([served], ServerSettings())) as c:
+    with TestClient(create_app([served], RequestSettings())) as c:
         got = c.post("/v1/classify?topk=3", files=[("files", (f.name, png_bytes(f))) for f in files]).json()
     for result, want in zip(got["results"], expected):
         assert by_label(result["topk"]) == pytest.approx(by_label(want), abs=1e-3)
@@ -264,12 +334,12 @@ def test_auto_backend_is_the_fastest_cpu_runtime_installed():
 
 def test_auto_precision_keeps_fp32_when_bf16_cannot_pass_the_agreement_rule(tiny):
     from inceptionlab.infer.runtimes import get_runtime
-    from inceptionlab.serve.models import ServeSettings, load_served_model
+    from inceptionlab.serve.models import ModelLoadSettings, load_served_model
 
     if get_runtime("openvino").missing():
         pytest.skip(f"openvino: {get_runtime('openvino').missing()}")
     lines: list[str] = []
-    settings = ServeSettings(backend="openvino", precision="auto", device="cpu", max_batch=2, log=lines.append)
+    settings = ModelLoadSettings(backend="openvino", precision="auto", device="cpu", max_batch=2, log=lines.append)
     served = load_served_model(settings, run_dir=tiny[0])
     assert served.precision == "fp32"
     # The tiny run has 9 val images, far below the rule's 200 held-out images (or a CPU without bf16).

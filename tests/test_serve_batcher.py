@@ -110,9 +110,10 @@ def test_timed_out_request_is_dropped_from_the_queue_and_drain_waits_for_the_res
 
 
 def test_engine_pads_to_the_bucket_and_returns_only_the_real_rows():
-    from inceptionlab.serve.models import Engine, batch_buckets
+    from inceptionlab.infer.batching import batch_buckets
+    from inceptionlab.serve.models import Engine
 
-    class Doubling:  # a Session stand-in that records the batch sizes it ran
+    class Doubling:  # a RuntimeSession stand-in that records the batch sizes it ran
         def __init__(self):
             self.sizes = []
 

@@ -10,7 +10,8 @@ from serve_helpers import serve_model, train_tiny_run, uvicorn_thread
 
 from inceptionlab.infer.predict import Predictor
 from inceptionlab.models.registry import load_run_model
-from inceptionlab.serve.app import ServerSettings, create_app
+from inceptionlab.serve.app import create_app
+from inceptionlab.serve.service import RequestSettings
 
 CHROME_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run")
@@ -55,7 +56,7 @@ def test_page_loads_and_an_upload_shows_the_right_top_label(tmp_path_factory, br
     # The label `predict` gives an image whose folder agrees (the tiny model is not perfect on every one).
     image, expected = next((f, r["topk"][0]["label"]) for f, r in zip(files, predictor.predict_files(files))
                            if r["topk"][0]["label"] == f.parent.name)
-    with uvicorn_thread(create_app([serve_model(run_dir)], ServerSettings())) as base:
+    with uvicorn_thread(create_app([serve_model(run_dir)], RequestSettings())) as base:
         browser.get(base + "/")
         wait = WebDriverWait(browser, 30)
         wait.until(ready.text_to_be_present_in_element((By.ID, "info"), "3 classes"))

@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 from serve_helpers import serve_model
 
 from inceptionlab.infer.text import TextPredictor
-from inceptionlab.serve.app import ServerSettings, create_app
+from inceptionlab.serve.app import create_app
+from inceptionlab.serve.service import RequestSettings
 
 REVIEWS = ["The movie was great! Wonderful acting and a moving story.", "Dull, boring and far too long. Awful."]
 
@@ -25,7 +26,7 @@ def imdb(tmp_path_factory):
     recipe = load_recipe("imdb/text_classifier", [f"data.root={data}", "train.epochs=1"])
     run_dir = fit(recipe, tmp_path_factory.mktemp("imdb"), progress=False).run_dir
     served = serve_model(run_dir)
-    with TestClient(create_app([served], ServerSettings())) as client:
+    with TestClient(create_app([served], RequestSettings())) as client:
         yield run_dir, client
 
 
@@ -33,7 +34,7 @@ def test_text_classify_matches_predict_text(imdb):
     run_dir, client = imdb
     expected = list(TextPredictor.from_run(run_dir, torch.device("cpu")).predict(REVIEWS))
     meta = client.get("/v2/models/tiny").json()
-    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1, 1]}]
     for review, want in zip(REVIEWS, expected):
         got = client.post("/v1/classify", json={"text": review}).json()["results"][0]
         assert got["label"] == want["label"] and got["probability"] == pytest.approx(want["probability"], abs=1e-5)

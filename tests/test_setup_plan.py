@@ -15,21 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from inceptionlab.setup_plan import (
-    PlanError,
-    SetupOptions,
-    TorchInfo,
-    VenvState,
-    execute,
-    main,
-    make_plan,
-    probe_torch,
-    rocm_version,
-    suggest_fix,
-)
+from inceptionlab.torch_build import TorchInfo, probe_torch, rocm_version, suggest_fix
 
 REPO = Path(__file__).resolve().parents[1]
-PLANNER = REPO / "src" / "inceptionlab" / "setup_plan.py"
+PLANNER = REPO / "tools" / "setup_plan.py"  # a make-time tool, outside the package
+sys.path.insert(0, str(PLANNER.parent))
+from setup_plan import PlanError, SetupOptions, VenvState, execute, main, make_plan  # noqa: E402
 ROCM_TORCH = TorchInfo("2.7.1+rocm6.4.1.git1234", hip="6.4.43482", cuda=None, gpu_count=2, torchvision="0.22.1+rocm6.4")
 CUDA_TORCH = TorchInfo("2.6.0a0+ecf3bae40a.nv25.01", cuda="12.8", gpu_count=1, torchvision="0.20.0a0")
 CUDA_WHEEL_NO_GPU = TorchInfo("2.14.1+cu130", cuda="13.0", gpu_count=0, torchvision="0.29.1+cu130")

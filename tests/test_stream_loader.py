@@ -9,14 +9,15 @@ import pytest
 import torch
 from PIL import Image
 
-from inceptionlab.data import image_loader
-from inceptionlab.data.arrays import ArraySplit
-from inceptionlab.data.image_cache import decode_to_fit
-from inceptionlab.data.image_loader import ResidentImageLoader, ResidentImageOptions
-from inceptionlab.data.imagefolder import RobustImageFolder
-from inceptionlab.data.loaders import ResidentLoader, make_loader
-from inceptionlab.data.sampling import SkipTrackingLoader
-from inceptionlab.data.stream_loader import PadToFixed, StreamImageLoader
+from inceptionlab.data.datasets.imagefolder import RobustImageFolder
+from inceptionlab.data.loading import resident
+from inceptionlab.data.loading.decoded_cache import decode_to_fit
+from inceptionlab.data.loading.image_options import DeviceImageOptions
+from inceptionlab.data.loading.loaders import Loader, make_loader
+from inceptionlab.data.loading.resident import ResidentImageLoader, ResidentLoader
+from inceptionlab.data.loading.streamed import PadToFixed, StreamImageLoader
+from inceptionlab.data.loading.workers import SkipTrackingLoader
+from inceptionlab.data.splits import ArraySplit
 
 CACHE = 48  # the decode bound: the big JPEG below is shrunk to fit, the PNGs stay exact
 # (height, width) per image: 7 per class, 2 classes; none is square-padded to CACHE x CACHE, so the
@@ -43,8 +44,8 @@ def folder(tmp_path) -> Path:
     return make_mixed_folder(tmp_path / "train")
 
 
-def options(**overrides) -> ResidentImageOptions:
-    return ResidentImageOptions(**{"train_size": 32, "val_resize_size": 32, "val_crop_size": 28, "cache_size": CACHE,
+def options(**overrides) -> DeviceImageOptions:
+    return DeviceImageOptions(**{"train_size": 32, "val_resize_size": 32, "val_crop_size": 28, "cache_size": CACHE,
                                    **overrides})
 
 
@@ -140,13 +141,30 @@ def test_auto_streams_image_folders_that_do_not_fit(folder, monkeypatch):
     assert isinstance(make_loader(split, mode="auto", **common), ResidentImageLoader)
     assert isinstance(make_loader(split, mode="stream", **common), StreamImageLoader)
     assert type(make_loader(split, mode="workers", **common)) is SkipTrackingLoader
-    monkeypatch.setattr(image_loader, "available_host_bytes", lambda: 0)  # nothing fits on the host (CPU device)
+    monkeypatch.setattr(resident, "available_host_bytes", lambda: 0)  # nothing fits on the host (CPU device)
     assert isinstance(make_loader(split, mode="auto", **common), StreamImageLoader)
     assert isinstance(make_loader(split, mode="resident", **common), ResidentImageLoader)  # asked for: no size check
     arrays = ArraySplit(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), ["x"])
     assert isinstance(make_loader(arrays, mode="auto", **common), ResidentLoader)  # arrays are not image folders
     assert type(make_loader(arrays, mode="stream", **common)) is SkipTrackingLoader
 
+
+
+def test_every_loader_says_whether_its_batches_arrive_normalised(folder):
+    """The session asks `yields_normalised` of whatever `make_loader` returns (the `Loader` protocol)."""
+    split = RobustImageFolder(folder)
+    arrays = ArraySplit(torch.zeros(4, 3, 8, 8, dtype=torch.uint8), torch.zeros(4, dtype=torch.long), ["x"])
+    common = dict(batch_size=4, train=True, seed=0, num_workers=0)
+    built = {"resident images": make_loader(split, mode="resident", images=options(), **common),
+             "streamed images": make_loader(split, mode="stream", images=options(), **common),
+             "workers": make_loader(arrays, mode="workers", **common),
+             "resident arrays": make_loader(arrays, mode="auto", **common)}
+    assert all(isinstance(loader, Loader) for loader in built.values())
+    normalised = {name: loader.yields_normalised for name, loader in built.items()}
+    assert normalised == {"resident images": True, "streamed images": True, "workers": False, "resident arrays": False}
+    images, _ = next(iter(built["resident images"]))
+    pixels, _ = next(iter(built["workers"]))
+    assert images.dtype == torch.float32 and pixels.dtype == torch.uint8  # what the flag promises
 
 def test_training_with_stream_ends_with_the_resident_runs_weights(tmp_path):
     from conftest import make_image_folder

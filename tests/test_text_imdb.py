@@ -19,9 +19,10 @@ from tokenizers.models import WordLevel
 from tokenizers.trainers import WordLevelTrainer
 
 from conftest import shared_data
-from inceptionlab.data import imdb, imdb_worker
-from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
-from inceptionlab.data.text import (OOV_ID, PAD_ID, StandardizedTexts, TextVectorizer, splits_like_rust,
+from inceptionlab.data.datasets import imdb
+from inceptionlab.data.datasets.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
+from inceptionlab.data.text import child_reader
+from inceptionlab.data.text.vectorizer import (OOV_ID, PAD_ID, StandardizedTexts, TextVectorizer, splits_like_rust,
                                     standardize_all)
 from inceptionlab.errors import UserError
 
@@ -433,46 +434,46 @@ def test_fit_and_encode_full_train_split(full_splits, capsys):
 @pytest.fixture
 def worker_for_any_size(monkeypatch):
     """The child process for the tiny test data too (it only starts for real-size data by default)."""
-    monkeypatch.setattr(imdb_worker, "WORKER_MIN_ARCHIVE_BYTES", 0)
-    monkeypatch.setattr(imdb_worker, "WORKER_MIN_FILES_PER_CLASS", 1)
+    monkeypatch.setattr(child_reader, "WORKER_MIN_ARCHIVE_BYTES", 0)
+    monkeypatch.setattr(child_reader, "WORKER_MIN_FILES_PER_CLASS", 1)
     started = []
-    real_popen = imdb_worker.subprocess.Popen
-    monkeypatch.setattr(imdb_worker.subprocess, "Popen", lambda *a, **k: started.append(a[0]) or real_popen(*a, **k))
+    real_popen = child_reader.subprocess.Popen
+    monkeypatch.setattr(child_reader.subprocess, "Popen", lambda *a, **k: started.append(a[0]) or real_popen(*a, **k))
     return started
 
 
 def test_the_worker_reads_what_this_process_reads(tiny_acl, tmp_path, worker_for_any_size):
     for source in (tiny_acl, tar_gz(tiny_acl, tmp_path / "aclImdb_tiny.tar.gz")):
-        in_worker = imdb_worker.read_standardized_in_worker(source)
-        assert in_worker == imdb_worker.read_standardized(source)
+        in_worker = child_reader.read_standardized_in_worker(source)
+        assert in_worker == child_reader.read_standardized(source)
         assert isinstance(in_worker["train"][0], StandardizedTexts) and in_worker["train"][1] == [0, 0, 1, 1]
         assert in_worker["train"][0][3] == "bad byte \ufffd here"  # decoded and standardized in the child
-    assert len(worker_for_any_size) == 2 and worker_for_any_size[0][1:3] == ["-m", "inceptionlab.data.imdb_worker"]
+    assert len(worker_for_any_size) == 2 and worker_for_any_size[0][1:3] == ["-m", "inceptionlab.data.text.child_reader"]
 
 
 def test_a_bad_archive_is_reported_from_the_worker_in_one_line(tmp_path, worker_for_any_size):
     archive = tmp_path / "aclImdb_v1.tar.gz"
     archive.write_bytes(b"\x1f\x8b\x08\x00" + b"not really gzip" * 10)
     with pytest.raises(UserError, match="not a readable tar archive") as caught:
-        imdb_worker.read_standardized_in_worker(archive)
+        child_reader.read_standardized_in_worker(archive)
     assert str(archive) in str(caught.value) and "\n" not in str(caught.value)
     assert worker_for_any_size  # the error came through the child
 
 
 def test_a_worker_that_cannot_run_leaves_the_reading_to_this_process(tiny_acl, monkeypatch, worker_for_any_size):
-    expected = imdb_worker.read_standardized(tiny_acl)
-    monkeypatch.setattr(imdb_worker.sys, "executable", "/bin/false")  # starts, exits 1, writes nothing
-    assert imdb_worker.read_standardized_in_worker(tiny_acl) == expected
-    monkeypatch.setattr(imdb_worker.sys, "executable", str(tiny_acl / "no-such-python"))  # cannot start
-    assert imdb_worker.read_standardized_in_worker(tiny_acl) == expected
+    expected = child_reader.read_standardized(tiny_acl)
+    monkeypatch.setattr(child_reader.sys, "executable", "/bin/false")  # starts, exits 1, writes nothing
+    assert child_reader.read_standardized_in_worker(tiny_acl) == expected
+    monkeypatch.setattr(child_reader.sys, "executable", str(tiny_acl / "no-such-python"))  # cannot start
+    assert child_reader.read_standardized_in_worker(tiny_acl) == expected
     assert len(worker_for_any_size) == 2
 
 
 def test_small_data_is_read_without_a_worker(tiny_acl, tmp_path, monkeypatch):
-    monkeypatch.setattr(imdb_worker.subprocess, "Popen", lambda *a, **k: pytest.fail("no child for 3 reviews per class"))
-    assert imdb_worker.read_standardized_in_worker(tiny_acl)["test"][1] == [0, 0, 1]
-    assert imdb_worker.read_standardized_in_worker(tar_gz(tiny_acl, tmp_path / "small.tar.gz"))["test"][1] == [0, 0, 1]
+    monkeypatch.setattr(child_reader.subprocess, "Popen", lambda *a, **k: pytest.fail("no child for 3 reviews per class"))
+    assert child_reader.read_standardized_in_worker(tiny_acl)["test"][1] == [0, 0, 1]
+    assert child_reader.read_standardized_in_worker(tar_gz(tiny_acl, tmp_path / "small.tar.gz"))["test"][1] == [0, 0, 1]
     big = tmp_path / "big.tar.gz"
     with big.open("wb") as sparse:
-        sparse.truncate(imdb_worker.WORKER_MIN_ARCHIVE_BYTES)  # the size alone decides
-    assert imdb_worker.worth_a_worker(big)
+        sparse.truncate(child_reader.WORKER_MIN_ARCHIVE_BYTES)  # the size alone decides
+    assert child_reader.worth_a_worker(big)

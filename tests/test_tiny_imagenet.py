@@ -19,8 +19,9 @@ import pytest
 from PIL import Image
 
 from conftest import shared_data
-from inceptionlab.data import tiny_imagenet as ti
-from inceptionlab.data.download import fetch, safe_extract_zip
+from inceptionlab.data.datasets import tiny_imagenet as ti
+from inceptionlab.data.io.archives import safe_extract_zip
+from inceptionlab.data.io.download import fetch
 from inceptionlab.errors import UserError
 
 DIRNAME = "tiny-imagenet-200"

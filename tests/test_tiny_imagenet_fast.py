@@ -14,7 +14,7 @@ from inceptionlab.engine.fit import fit
 
 FAST_RECIPE = "inception_v3/tiny_imagenet_fast"
 # Every key whose value differs from the guide's recipe; each has a comment with its reason in the
-# YAML and a row in the README's table. A new difference must be added here, there and there.
+# YAML and a row in the table of docs/recipes.md. A new difference must be added here, there and there.
 DOCUMENTED_DIFFERENCES = {
     "name", "description",
     "model.aux_loss_weight",

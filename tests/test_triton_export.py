@@ -41,7 +41,7 @@ def exported(small_run):
     import contextlib
     import io
 
-    from inceptionlab.cli import main
+    from inceptionlab.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit_:

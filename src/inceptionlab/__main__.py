@@ -1,4 +1,4 @@
-from inceptionlab.cli import program
+from inceptionlab.cli.app import program
 
 if __name__ == "__main__":
     program()

@@ -28,8 +28,8 @@ import torch
 
 from inceptionlab.host import cpu_model_name
 from inceptionlab.runtime import cpu_capability
-from inceptionlab.setup_plan import (TorchInfo, base_interpreter, build_kind, describe_build, probe_torch,
-                                     rocm_version, suggest_fix)
+from inceptionlab.torch_build import (TorchInfo, base_interpreter, build_kind, describe_build, probe_torch,
+                                      rocm_version, suggest_fix)
 
 if TYPE_CHECKING:
     from inceptionlab.doctor_train import TrainCheckSettings

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from inceptionlab.data.digits import load_digits_arrays, split_indices
+from inceptionlab.data.datasets.digits import load_digits_arrays, split_indices
 from inceptionlab.errors import UserError
 
 CHANCE = 0.1  # 10 digit classes

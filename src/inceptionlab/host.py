@@ -1,13 +1,24 @@
-"""Facts about the machine that need no torch: its CPU's name and its load.
+"""Facts about the machine that need no torch: its CPU's name, its load, and the base environment record.
 
 Kept free of heavy imports so that `inceptionlab loadtest` (a client) records them without loading
-torch (~2 s); `runtime.environment()` uses the same functions.
+torch (~2 s). `environment()` is the one environment record's torch-free base: the load generator
+writes it as it is, and `runtime.environment()` extends it with the torch fields (build, device,
+threads) for env.json and every bench row, so both carry the same keys for the same facts.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+# Packages whose versions go into every environment record (env.json, bench and load-test rows,
+# export sidecars); read from the installed metadata, so none of them is imported.
+RECORDED_PACKAGES = ("torch", "torchvision", "numpy", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu",
+                     "onnxruntime-migraphx", "openvino", "nncf", "tokenizers", "httpx")
 
 
 def cpu_model_name() -> str:
@@ -28,3 +39,27 @@ def load_average() -> float | None:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return None
+
+
+def package_versions() -> dict[str, str]:
+    """Python's version and those of the RECORDED_PACKAGES that are installed."""
+    found = {"python": platform.python_version()}
+    for name in RECORDED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def environment() -> dict[str, Any]:
+    """The machine and software a figure was measured on, as far as they are known without torch."""
+    return {
+        "versions": package_versions(),
+        "cpu": cpu_model_name(),
+        "cpu_count": os.cpu_count(),
+        "host": platform.node(),
+        "load_average": load_average(),
+        "argv": list(sys.argv),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }

@@ -8,27 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import random
-import sys
-import time
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
 import torch
 
+from inceptionlab import host
 from inceptionlab.errors import UserError
-from inceptionlab.host import cpu_model_name, load_average
 
 DEVICE_HELP = "auto, cpu, cuda or cuda:N (a ROCm GPU is 'cuda' too)"
 
 # Precision name -> autocast dtype (None: plain fp32). The one table training, bench and serve use.
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# Packages whose versions go into every environment record (env.json, bench rows, export sidecars).
-RECORDED_PACKAGES = ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu",
-                     "onnxruntime-migraphx", "openvino", "nncf", "tokenizers")
 
 
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
@@ -90,35 +82,21 @@ def cpu_capability() -> str:
         return "unknown"
 
 
-def package_versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for name in RECORDED_PACKAGES:
-        try:
-            found[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return found
-
-
 def environment(device: torch.device | str, world_size: int = 1) -> dict[str, Any]:
-    """The machine and software a figure was measured on: env.json and every bench row."""
+    """The machine and software a figure was measured on: env.json and every bench row.
+
+    `host.environment()` (the load generator's record, torch-free) plus what only torch knows.
+    """
     device = torch.device(device)
-    env: dict[str, Any] = {
-        "versions": package_versions(),
+    return {
+        **host.environment(),
         "build": _torch_build(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model_name(),
-        "cpu": cpu_model_name(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else host.cpu_model_name(),
         "cpu_capability": cpu_capability(),
-        "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "world_size": world_size,
-        "host": platform.node(),
-        "load_average": load_average(),
-        "argv": sys.argv,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    return env
 
 
 def _torch_build() -> str:

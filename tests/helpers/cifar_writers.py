@@ -1,7 +1,7 @@
 """Write CIFAR-10 batches in the original "python version" format, for tests only.
 
 The real batches are not in ../shared/data; tests build them from the 200 real CIFAR-10 PNGs and
-load them back through the library's reader (`inceptionlab.data.cifar10`), which only reads.
+load them back through the library's reader (`inceptionlab.data.datasets.cifar10`), which only reads.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inceptionlab.data.cifar10 import IMAGE_SHAPE, ROW_BYTES
+from inceptionlab.data.datasets.cifar10 import IMAGE_SHAPE, ROW_BYTES
 
 
 def dump_pickle_atomically(path: Path, content: dict) -> Path:

@@ -77,7 +77,7 @@ def bench(
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
                              holdout, calibration, min_agreement, onnx)
     from inceptionlab.infer.bench import run_bench
-    from inceptionlab.infer.export import load_source
+    from inceptionlab.infer.source import load_source
 
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)

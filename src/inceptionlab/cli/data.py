@@ -32,7 +32,7 @@ def tiny_imagenet(
     as_json: bool = options.json_option("the report as one object"),
 ) -> None:
     """Download/extract Tiny ImageNet and move val images into val/<wnid>/images/ (safe to re-run)."""
-    from inceptionlab.data.tiny_imagenet import prepare_tiny_imagenet
+    from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 
     report = prepare_tiny_imagenet(root, archive=archive)
     if as_json:

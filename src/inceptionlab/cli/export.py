@@ -62,7 +62,8 @@ def export(
     if format == "triton" and not dynamic_batch:
         raise UserError("--format triton batches requests dynamically: drop --static-batch")
     triton = _triton_options(format, name, max_batch, max_delay_ms, max_queue, instances, accelerator, storage_uri)
-    from inceptionlab.infer.export import export_onnx, load_source
+    from inceptionlab.infer.export import export_onnx
+    from inceptionlab.infer.source import load_source
 
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)

@@ -70,15 +70,9 @@ def loadtest(
         raise UserError("the load generator needs httpx and prometheus-client: pip install 'inceptionlab[loadtest]'") from None
     import os
 
-    from inceptionlab.serve.loadtest import LoadSettings, run_load, run_sweep, settings_dict
     from inceptionlab.fileio import append_jsonl
-    from inceptionlab.serve.loadtest_report import (
-        environment,
-        format_table,
-        plot_latency_vs_rate,
-        records,
-        redacted,
-    )
+    from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep, settings_dict
+    from inceptionlab.loadtest.report import client_environment, format_table, plot_latency_vs_rate, records, redacted
 
     settings = LoadSettings(url.rstrip("/"), model=model, rate=rate, concurrency=concurrency, duration=duration,
                             min_requests=min_requests, payload=payload, images=list(images), slo_ms=slo_ms,
@@ -103,10 +97,10 @@ def loadtest(
         emit(rows[0])
     argv = redacted(sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else sys.argv[1:])
     command = "inceptionlab loadtest " + shlex.join(argv)
-    env = environment()
+    env = client_environment()
     append_jsonl(out / "results.jsonl", records(rows, settings.url, command, settings_dict(settings), env))
     if not as_json:
-        load = f"{env['loadavg'][0]:.2f}" if env["loadavg"] else "-"
+        load = "-" if env["load_average"] is None else f"{env['load_average']:.2f}"
         print(f"{rows[0]['model']} at {settings.url}, payload {payload}, {duration:g} s per measurement; "
               f"client: {env['cpu']}, load average {load}")
         print(format_table(rows))

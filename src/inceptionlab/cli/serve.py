@@ -1,8 +1,9 @@
-"""`inceptionlab serve`: an Open Inference Protocol (KServe v2) HTTP server for runs and pretrained models."""
+"""`inceptionlab serve`: an Open Inference Protocol (KServe v2) server, HTTP and gRPC, for runs and pretrained models."""
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import List, Optional
 
@@ -41,9 +42,15 @@ def serve(
                                           "$INCEPTIONLAB_API_KEY if set."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the "
                              "network: set an API key)."),
-    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="HTTP port."),
+    grpc_port: str = typer.Option("8001", "--grpc-port", help="gRPC port on --host (the protocol's "
+                                  "GRPCInferenceService and the grpc.health.v1 service), or off. On by default "
+                                  "at 8001, Triton's gRPC port, where Triton's clients and perf_analyzer -i grpc "
+                                  "look for it: gRPC carries tensors as raw bytes with no JSON to parse, and "
+                                  "costs nothing until a client connects. off: HTTP only; 0: any free port."),
 ) -> None:
-    """Serve models over HTTP: KServe v2 /v2/models/NAME/infer, POST /v1/classify, /metrics, a page at /.
+    """Serve models over HTTP and gRPC: KServe v2 /v2/models/NAME/infer (and gRPC ModelInfer on
+    --grpc-port), POST /v1/classify, /metrics, a page at /.
 
     Examples:
 
@@ -52,19 +59,25 @@ def serve(
       inceptionlab serve --model inception_v3 --weights random --backend onnxruntime --port 8000
 
       curl -s --data-binary @dog.jpg 'http://127.0.0.1:8000/v1/classify?model=inception_v3'
+
+      inceptionlab serve RUN_DIR --grpc-port off    # HTTP only
     """
     from inceptionlab.runtime import resolve_device
-    from inceptionlab.serve.app import API_KEY_ENV, ServerSettings, create_app
-    from inceptionlab.serve.models import BACKENDS, ServeSettings, load_served_model
+    from inceptionlab.serve.app import API_KEY_ENV, create_app
+    from inceptionlab.serve.models import BACKENDS, ModelLoadSettings, load_served_model
     from inceptionlab.serve.server import serve_forever
+    from inceptionlab.serve.service import RequestSettings
 
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: use one of {', '.join(BACKENDS)}")
     runs = [*(runs or []), *run]
     if not runs and not model:
         raise UserError("give run directories to serve, or --model NAME (e.g. --model inception_v3)")
-    settings = ServeSettings(backend, precision, str(resolve_device(device)), _max_batch(max_batch), instances, weights,
-                             log=lambda message: typer.echo(message, err=True))
+    grpc_number = _grpc_port(grpc_port)
+    for option, number in (("--port", port), ("--grpc-port", grpc_number)):
+        _check_free(host, number, option)  # before loading models, which can take minutes
+    settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _max_batch(max_batch), instances,
+                                 weights, log=lambda message: typer.echo(message, err=True))
     served = []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))
@@ -77,8 +90,11 @@ def serve(
     for m in served:
         typer.echo(f"serving {m.describe()}")
     key = api_key or os.environ.get(API_KEY_ENV) or None
-    app = create_app(served, ServerSettings(max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key))
-    typer.echo(f"ready: http://{host}:{port}/ (KServe v2 at /v2, metrics at /metrics"
+    grpc_address = None if grpc_number is None else f"{_bracketed(host)}:{grpc_number}"
+    app = create_app(served, RequestSettings(max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key),
+                     grpc_address)
+    grpc_note = "" if grpc_number is None else f", gRPC at {_bracketed(host)}:{grpc_number or 'a free port'}"
+    typer.echo(f"ready: http://{_bracketed(host)}:{port}/ (KServe v2 at /v2, metrics at /metrics{grpc_note}"
                f"{', API key required' if key else ''}); SIGTERM drains and exits", err=False)
     serve_forever(app, host, port, drain_s)
 
@@ -102,3 +118,31 @@ def _max_batch(value: str) -> int | None:
     if not value.isdigit() or int(value) < 1:
         raise UserError(f"--max-batch {value!r}: give a positive integer or auto")
     return int(value)
+
+
+def _grpc_port(value: str) -> int | None:
+    """--grpc-port: a port number (0: any free port), or off (None)."""
+    if value == "off":
+        return None
+    if not value.isdigit() or int(value) > 65535:
+        raise UserError(f"--grpc-port {value!r}: give a port number (0-65535) or off")
+    return int(value)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _check_free(host: str, port: int | None, option: str) -> None:
+    """Refuse a port another process listens on, before the models load (SO_REUSEADDR, as both
+    servers bind: a port left in TIME_WAIT by a stopped server is free)."""
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"{option} {port}: cannot listen on {host}:{port} ({exc.strerror}); pick another "
+                            "port" + (" or --grpc-port off" if option == "--grpc-port" else "")) from None

@@ -13,16 +13,16 @@ from typing import Any, Callable
 import torch
 
 from inceptionlab.config import DataConfig
-from inceptionlab.data.arrays import ArraySplit
-from inceptionlab.data.cifar10 import load_cifar10
-from inceptionlab.data.digits import ensure_digits_imagefolder
-from inceptionlab.data.imdb import CLASS_NAMES, download_imdb, load_imdb
-from inceptionlab.data.imdb_worker import read_standardized_in_worker
-from inceptionlab.data.mnist_idx import load_idx_split
+from inceptionlab.data.datasets.cifar10 import load_cifar10
+from inceptionlab.data.datasets.digits import ensure_digits_imagefolder
+from inceptionlab.data.datasets.imdb import CLASS_NAMES, download_imdb, load_imdb
+from inceptionlab.data.datasets.mnist import load_idx_split
+from inceptionlab.data.datasets.tiny_imagenet import read_class_names
+from inceptionlab.data.splits import ArraySplit
 from inceptionlab.data.splits import SplitPair
-from inceptionlab.data.standardize import StandardizedTexts
-from inceptionlab.data.text import TextVectorizer
-from inceptionlab.data.tiny_imagenet import read_class_names
+from inceptionlab.data.text.child_reader import read_standardized_in_worker
+from inceptionlab.data.text.standardize import StandardizedTexts
+from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.errors import UserError
 
 
@@ -79,8 +79,8 @@ def read_splits(cfg: DataConfig) -> SplitPair:
     if cfg.reader in ARRAY_READERS:
         return ARRAY_READERS[cfg.reader](cfg)
     # Image folders decode files per sample through torchvision transforms (imported only here).
-    from inceptionlab.data.imagefolder import image_folder_splits
-    from inceptionlab.data.transforms import train_transform  # torchvision (~1.3 s): image folders only
+    from inceptionlab.data.datasets.imagefolder import image_folder_splits
+    from inceptionlab.data.transforms.host import train_transform  # torchvision (~1.3 s): image folders only
     from inceptionlab.models.spec import eval_transform
 
     train_tf = train_transform(cfg)
@@ -105,7 +105,7 @@ def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -
         if (split or "val") not in chosen:
             raise UserError(f"--split {split!r}: {cfg.reader} has the splits train, val, test")
         return chosen[split or "val"]
-    from inceptionlab.data.imagefolder import RobustImageFolder  # torchvision (~1.3 s): image folders only
+    from inceptionlab.data.datasets.imagefolder import RobustImageFolder  # torchvision (~1.3 s): image folders only
 
     root = _reader(cfg).root(cfg)
     return RobustImageFolder(root / (split or cfg.val_split), transform=transform)
@@ -150,7 +150,7 @@ def read_imdb(cfg: DataConfig) -> SplitPair:
     root = _data_root(cfg)
     if cfg.download and not root.exists():
         root = download_imdb(root)
-    # Read and standardized once, in a child process (see imdb_worker): the vocabulary fit and the
+    # Read and standardized once, in a child process (see data/text/child_reader.py): the vocabulary fit and the
     # encoding of every split read these.
     texts = read_standardized_in_worker(root)
     labels = {s: torch.tensor(texts[s][1], dtype=torch.long) for s in texts}

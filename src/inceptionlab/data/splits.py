@@ -1,4 +1,8 @@
-"""What readers hand to the engine, free of torchvision so text and in-memory datasets start fast."""
+"""What dataset readers hand to the engine, free of torchvision so text and in-memory datasets start fast.
+
+`SplitPair`: the train and validation datasets (and a test split) with the class names they agree on.
+`ArraySplit`: one split held in memory as tensors (CIFAR-10, Fashion-MNIST, MNIST, tokenised text).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,20 @@ from typing import Any
 import torch
 
 
-def partition_unreadable(batch: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], list[str]]:
-    """(the readable `(input, target)` items, the paths of the unreadable `(None, path)` ones)."""
-    return [(x, y) for x, y in batch if x is not None], [y for x, y in batch if x is None]
+@dataclass
+class ArraySplit:
+    """One split held in memory: `inputs` uint8 images (N, C, H, W) or int64 token ids (N, L)."""
 
+    inputs: torch.Tensor
+    targets: torch.Tensor  # int64 (N,)
+    class_names: list[str]
 
-def collate_skipping_unreadable(batch: list[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
-    """Stack the readable samples; return the paths of unreadable ones beside them."""
-    good, skipped = partition_unreadable(batch)
-    if not good:
-        return torch.empty(0), torch.empty(0, dtype=torch.long), skipped
-    inputs = torch.stack([torch.as_tensor(x) for x, _ in good])
-    targets = torch.tensor([y for _, y in good], dtype=torch.long)
-    return inputs, targets, skipped
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.targets):
+            raise ValueError(f"{len(self.inputs)} inputs but {len(self.targets)} targets")
+
+    def __len__(self) -> int:
+        return len(self.targets)
 
 
 @dataclass
@@ -35,5 +40,3 @@ class SplitPair:
     test: Any = None  # a held-out split scored once after training, when the dataset has one
     artifacts: dict[str, Any] = field(default_factory=dict)  # file name -> save(path): saved with the run
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # what the data fixes in the model (vocab size)
-
-

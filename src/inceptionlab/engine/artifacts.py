@@ -13,7 +13,7 @@ import torch
 
 from inceptionlab.checkpoint import ResumePoint, RunDir, training_checkpoint
 from inceptionlab.config import recipe_to_dict, recipe_to_yaml
-from inceptionlab.engine.session import Session
+from inceptionlab.engine.session import TrainingSession
 from inceptionlab.fileio import atomic_torch_save, atomic_write_json, atomic_write_text
 from inceptionlab.metrics import write_confusion
 from inceptionlab.runtime import environment
@@ -26,7 +26,7 @@ class RunArtifacts:
         self.run = run
         self.writer: Any = None
 
-    def start(self, s: Session, resumed_at: ResumePoint | None) -> None:
+    def start(self, s: TrainingSession, resumed_at: ResumePoint | None) -> None:
         if resumed_at is not None:
             self.run.truncate_metrics(resumed_at.epoch)  # rows after the checkpoint are redone
         atomic_write_text(self.run.path / "recipe.resolved.yaml", recipe_to_yaml(s.recipe))
@@ -43,7 +43,7 @@ class RunArtifacts:
 
         self.writer = SummaryWriter(str(self.run.tensorboard))
 
-    def checkpoint(self, s: Session, point: ResumePoint, best: bool = False) -> None:
+    def checkpoint(self, s: TrainingSession, point: ResumePoint, best: bool = False) -> None:
         """last.pt (and best.pt when `best`): everything `--resume` needs."""
         ckpt = training_checkpoint(s.resumable_parts(), point, class_names=s.spec.class_names,
                                    recipe=recipe_to_dict(s.recipe), spec=s.spec.to_dict())
@@ -51,7 +51,7 @@ class RunArtifacts:
         if best:
             atomic_torch_save(ckpt, self.run.best)
 
-    def epoch(self, s: Session, row: dict[str, Any], confusion: torch.Tensor, point: ResumePoint, improved: bool) -> None:
+    def epoch(self, s: TrainingSession, row: dict[str, Any], confusion: torch.Tensor, point: ResumePoint, improved: bool) -> None:
         self.run.append_metrics(row)
         for key, value in row.items():
             if key != "epoch":
@@ -60,7 +60,7 @@ class RunArtifacts:
         self.checkpoint(s, point, best=improved)
         write_confusion(self.run.path / "confusion.csv", s.spec.labels, confusion)
 
-    def finish(self, s: Session, summary: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, s: TrainingSession, summary: dict[str, Any]) -> dict[str, Any]:
         """model.pt (when the run was not interrupted), sample predictions, summary.json, plots."""
         from inceptionlab.plots import plot_run  # matplotlib: ~0.4 s, only at the end of a run
 
@@ -79,7 +79,7 @@ class RunArtifacts:
             self.writer.close()
             self.writer = None
 
-    def _plot_first_batch(self, s: Session) -> None:
+    def _plot_first_batch(self, s: TrainingSession) -> None:
         """plots/samples.png: what the model is fed (after augmentation), with labels."""
         from inceptionlab.plots import plot_samples  # matplotlib (~0.4 s): only when drawing
 
@@ -89,7 +89,7 @@ class RunArtifacts:
         plot_samples(images[:32].cpu(), labels, self.run.plots / "samples.png")
 
     @torch.inference_mode()
-    def _plot_predictions(self, s: Session) -> None:
+    def _plot_predictions(self, s: TrainingSession) -> None:
         """plots/predictions.png: validation images with predicted label, confidence and truth, plus bars."""
         from inceptionlab.plots import plot_predictions  # matplotlib (~0.4 s): only when drawing
 
@@ -107,23 +107,23 @@ class NoArtifacts:
     def __init__(self, run: RunDir):
         self.run = run
 
-    def start(self, s: Session, resumed_at: ResumePoint | None) -> None:
+    def start(self, s: TrainingSession, resumed_at: ResumePoint | None) -> None:
         pass
 
-    def checkpoint(self, s: Session, point: ResumePoint, best: bool = False) -> None:
+    def checkpoint(self, s: TrainingSession, point: ResumePoint, best: bool = False) -> None:
         pass
 
-    def epoch(self, s: Session, row: dict[str, Any], confusion: torch.Tensor, point: ResumePoint, improved: bool) -> None:
+    def epoch(self, s: TrainingSession, row: dict[str, Any], confusion: torch.Tensor, point: ResumePoint, improved: bool) -> None:
         pass
 
-    def finish(self, s: Session, summary: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, s: TrainingSession, summary: dict[str, Any]) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:
         pass
 
 
-def open_artifacts(s: Session, out: Path, resume: Path | None) -> RunArtifacts | NoArtifacts:
+def open_artifacts(s: TrainingSession, out: Path, resume: Path | None) -> RunArtifacts | NoArtifacts:
     """The run directory: the resumed one, a new one under out/<recipe>/ (rank 0), or a no-op writer."""
     if resume is not None:
         run = RunDir.open(resume)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterable
 
 from inceptionlab.config import Recipe, load_recipe
-from inceptionlab.data.loaders import LOADERS
+from inceptionlab.data.loading.loaders import LOADERS
 from inceptionlab.data.readers import ARRAY_READERS, READERS
 from inceptionlab.engine.fit import EPOCH_METRICS
 from inceptionlab.engine.optim import OPTIMIZERS, SCHEDULES

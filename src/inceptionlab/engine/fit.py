@@ -19,7 +19,7 @@ from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifa
 from inceptionlab.engine.distributed import any_rank
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
-from inceptionlab.engine.session import Session, build_session
+from inceptionlab.engine.session import TrainingSession, build_training_session
 from inceptionlab.errors import UserError
 
 # The keys of an epoch's metrics row: what train.best_metric may name (config checks it at load time).
@@ -103,7 +103,7 @@ class BestTracker:
 class _Run:
     """One fit call's moving parts, so each phase helper takes one argument."""
 
-    s: Session
+    s: TrainingSession
     artifacts: RunArtifacts | NoArtifacts
     report: Reporter
     best: BestTracker
@@ -117,7 +117,7 @@ class _Run:
 def fit(recipe: Recipe, out: Path = Path("runs"), resume: Path | None = None, *, progress: bool | None = None,
         stop: StopSignal | None = None, on_log: Callable[[int, float], None] | None = None) -> Outcome:
     """Train `recipe`; returns where the run is and how it ended. Raises UserError on bad input."""
-    s = build_session(recipe)
+    s = build_training_session(recipe)
     r = _Run(s, open_artifacts(s, out, resume), Reporter(s.dist.is_main, progress),
              BestTracker(recipe.train.best_metric, min_delta=recipe.train.early_stop_min_delta), stop or StopSignal(), on_log)
     start = _start(r, resume)
@@ -224,7 +224,7 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
     return r.artifacts.finish(s, summary)
 
 
-def _epoch_row(epoch: int, s: Session, result: EpochResult, val: dict[str, Any], lr: float) -> dict[str, Any]:
+def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[str, Any], lr: float) -> dict[str, Any]:
     return {
         "epoch": epoch,
         "train_loss": result.metrics["loss"],
@@ -241,7 +241,7 @@ def _epoch_row(epoch: int, s: Session, result: EpochResult, val: dict[str, Any],
     }
 
 
-def _eval_summary(epoch: int, s: Session, val: dict[str, Any]) -> dict[str, Any]:
+def _eval_summary(epoch: int, s: TrainingSession, val: dict[str, Any]) -> dict[str, Any]:
     per_class = {label: acc for label, acc in zip(s.spec.labels, val["per_class"])}
     summary = {"epoch": epoch, "loss": val["loss"], "top1": val["top1"], "top5": val.get("top5"), "per_class": per_class}
     return {k: v for k, v in summary.items() if v is not None}

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from inceptionlab.config import Recipe
-from inceptionlab.data.device_aug import pass_normalised
-from inceptionlab.data.image_loader import ResidentImageOptions
-from inceptionlab.data.loaders import SkipTrackingLoader, cap_samples, make_loader
+from inceptionlab.data.loading.image_options import DeviceImageOptions
+from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
 from inceptionlab.data.readers import READERS, read_splits
+from inceptionlab.data.transforms.device import pass_normalised
 from inceptionlab.engine.distributed import DistInfo, init_distributed
 from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
@@ -32,7 +32,7 @@ from inceptionlab.runtime import resolve_device, seed_everything
 
 
 @dataclass
-class Session:
+class TrainingSession:
     """Everything a run needs, built once from the recipe."""
 
     recipe: Recipe
@@ -45,12 +45,12 @@ class Session:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: torch.amp.GradScaler
-    train_loader: SkipTrackingLoader
-    val_loader: SkipTrackingLoader
+    train_loader: Loader
+    val_loader: Loader
     settings: StepSettings
     notes: list[str] = field(default_factory=list)
     splits: Any = None
-    test_loader: Any = None
+    test_loader: Loader | None = None
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -61,7 +61,7 @@ class Session:
         return sorted(set(self.train_loader.skipped + self.val_loader.skipped))
 
 
-def build_session(recipe: Recipe) -> Session:
+def build_training_session(recipe: Recipe) -> TrainingSession:
     # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
     recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
     dist = init_distributed(_device_type(recipe.train.device))
@@ -77,12 +77,12 @@ def build_session(recipe: Recipe) -> Session:
     scaler = torch.amp.GradScaler(device.type, enabled=recipe.train.precision == "fp16")
     spec = _make_spec(recipe, splits, num_classes, built.arch_kwargs)
     prepare = input_preparation(spec, recipe.train.channels_last, device)
-    if any(getattr(loader, "yields_normalised", False) for loader in (train_loader, val_loader)):
+    if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
     notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}"]
-    return Session(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
+    return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
                    train_loader, val_loader, settings, notes, splits, test_loader)
 
 
@@ -124,7 +124,7 @@ def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[A
         raise UserError(f"{cfg.root}: the train or val split is empty")
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
                   pin_memory=device.type == "cuda", device=device, mode=cfg.loader,
-                  images=_resident_image_options(recipe))
+                  images=_device_image_options(recipe))
     train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, **common)
     val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)
     test_loader = None
@@ -145,7 +145,7 @@ def _import_in_background(modules: tuple[str, ...] = BACKGROUND_IMPORTS) -> thre
     """Import `modules` in a thread while the reader works.
 
     Readers spend most of their time in code that releases the GIL (PIL, zlib, the tokenizer's
-    Rust) or in a child process (IMDB, `data/imdb_worker.py`), so the imports run beside them
+    Rust) or in a child process (IMDB, `data/text/child_reader.py`), so the imports run beside them
     instead of after them: 2-2.5 s of the IMDB recipe's whole command.
     """
     def import_all() -> None:
@@ -158,9 +158,9 @@ def _import_in_background(modules: tuple[str, ...] = BACKGROUND_IMPORTS) -> thre
     return thread
 
 
-def _resident_image_options(recipe: Recipe) -> ResidentImageOptions | None:
+def _device_image_options(recipe: Recipe) -> DeviceImageOptions | None:
     """How the loader may keep an image folder on the device; None for array and text datasets."""
-    return ResidentImageOptions.from_recipe(recipe) if recipe.data.reader in READERS else None
+    return DeviceImageOptions.from_recipe(recipe) if recipe.data.reader in READERS else None
 
 
 def _eval_batch(recipe: Recipe) -> int:

@@ -30,7 +30,9 @@ import numpy as np
 import torch
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.export import ModelSource, image_files, random_inputs, torch_logits
+from inceptionlab.host import load_average
+from inceptionlab.infer.inputs import image_files, random_inputs
+from inceptionlab.infer.parity import torch_logits
 from inceptionlab.infer.quantize import (
     CALIBRATION_IMAGES,
     MIN_AGREEMENT,
@@ -45,12 +47,12 @@ from inceptionlab.infer.runtimes import (
     REDUCED_PRECISIONS,
     TORCH_LAYOUTS,
     Artifacts,
-    Session,
+    RuntimeSession,
     Target,
     Unsupported,
     get_runtime,
 )
-from inceptionlab.host import load_average
+from inceptionlab.infer.source import ModelSource
 
 ROW_KEYS = ("backend", "precision", "layout", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
             "p90_ms", "p99_ms", "img_per_s", "gflop_per_image", "gflops", "speedup", "agreement", "usable")
@@ -132,7 +134,7 @@ class Timing:
         }
 
 
-def time_session(session: Session, inputs: np.ndarray, iters: int, warmup: int, setup_ms: float) -> Timing:
+def time_session(session: RuntimeSession, inputs: np.ndarray, iters: int, warmup: int, setup_ms: float) -> Timing:
     placed = session.place(inputs)
     start = time.perf_counter()
     session.run(placed)
@@ -266,7 +268,7 @@ def _measure_config(config: Config, artifacts: Artifacts, settings: BenchSetting
                     context: dict[str, Any], log: Callable[[str], None]) -> tuple[list[dict[str, Any]], Verdict | None]:
     runtime = get_runtime(config.backend)
     rows = []
-    session: Session | None = None
+    session: RuntimeSession | None = None
     for batch in settings.batches:
         session = None  # free the previous batch size's session before building the next
         started = time.perf_counter()

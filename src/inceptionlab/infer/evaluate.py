@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from inceptionlab.config import load_recipe
-from inceptionlab.data.imagefolder import RobustImageFolder
-from inceptionlab.data.loaders import make_loader
+from inceptionlab.data.datasets.imagefolder import RobustImageFolder
+from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.readers import read_eval_split
 from inceptionlab.engine.loop import StepSettings, evaluate
 from inceptionlab.engine.session import input_preparation

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from inceptionlab.data.images import ImageReadError, expand_image_paths, load_rgb
+from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.engine.task import main_logits, make_task
 from inceptionlab.errors import UserError
 from inceptionlab.models.spec import ModelSpec, Normalize

@@ -16,11 +16,14 @@ logits, so its agreement says little; measure it on a trained model (README: Fas
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +33,20 @@ import numpy as np
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_bytes, sha256_file
-from inceptionlab.infer.export import INPUT_NAME, load_images, normalize, quiet_stdout, shuffled
+from inceptionlab.host import package_versions
+from inceptionlab.infer.inputs import load_images, normalize, shuffled
+from inceptionlab.infer.onnx_graph import INPUT_NAME
 from inceptionlab.models.spec import ModelSpec
-from inceptionlab.runtime import package_versions
 
 MIN_AGREEMENT = 0.99  # top-1 agreement with fp32 on the held-out set
 MIN_HOLDOUT_IMAGES = 200  # below this, 99% cannot be told from 97% (+-1.4% std. error at n=200)
 CALIBRATION_IMAGES = 100  # min/max ranges settle after ~50-100 images; NNCF's default subset is 300
 CALIBRATION_BATCH = 10  # 100 images = 10 equal batches for the moving-average min/max
+
+
+def quiet_stdout() -> contextlib.AbstractContextManager[Any]:
+    """Libraries that print progress (nncf, the exporter) must not mix with --json on stdout."""
+    return contextlib.redirect_stdout(sys.stderr if sys.stderr else io.StringIO())
 
 
 # --------------------------------------------------------------------------------------- images

@@ -1,6 +1,6 @@
 """Runtimes: one protocol over eager PyTorch, torch.compile, ONNX Runtime and OpenVINO.
 
-A runtime is picked by name from RUNTIMES and asked to `open` a Session for one precision, layout
+A runtime is picked by name from RUNTIMES and asked to `open` a RuntimeSession for one precision, layout
 and batch size. Every session takes the same input (float32 NCHW, normalised, as a numpy array),
 `place`s it where it computes (host or GPU memory), `run`s synchronously (device work finished when
 it returns, output left where it was computed) and reports `provider`: what actually ran.
@@ -31,16 +31,11 @@ import torch
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import sha256_file
-from inceptionlab.infer.export import (
-    INPUT_NAME,
-    OUTPUT_NAME,
-    ModelSource,
-    check_onnx_file,
-    ensure_export,
-    import_onnxruntime,
-)
-from inceptionlab.infer.quantize import ImageSets, onnxruntime_fp16, onnxruntime_int8, openvino_int8
 from inceptionlab.host import cpu_model_name
+from inceptionlab.infer.export import ensure_export
+from inceptionlab.infer.onnx_graph import INPUT_NAME, OUTPUT_NAME, check_onnx_file, import_onnxruntime
+from inceptionlab.infer.quantize import ImageSets, onnxruntime_fp16, onnxruntime_int8, openvino_int8
+from inceptionlab.infer.source import ModelSource
 from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
@@ -111,7 +106,7 @@ class Artifacts:
 # --------------------------------------------------------------------------------------- protocol
 
 
-class Session(ABC):
+class RuntimeSession(ABC):
     """One model, loaded for one precision and batch size, ready to run."""
 
     provider: str  # what actually runs, e.g. "CPUExecutionProvider", "OpenVINO CPU bf16"
@@ -156,7 +151,7 @@ class Runtime(ABC):
 
     @classmethod
     @abstractmethod
-    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> RuntimeSession:
         """A session for this configuration; raises Unsupported or UserError with the reason."""
 
     @classmethod
@@ -175,7 +170,7 @@ class Runtime(ABC):
 
 
 
-class TorchSession(Session):
+class TorchSession(RuntimeSession):
     def __init__(self, model: torch.nn.Module, precision: str, layout: str, device: str, batch: int,
                  compile_mode: str | None = None, compiled: bool = False):
         self.device, self.batch = torch.device(device), batch
@@ -229,7 +224,7 @@ class EagerRuntime(Runtime):
         return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
 
     @classmethod
-    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> RuntimeSession:
         cls.check_precision(precision)
         _torch_precision_check(precision, target.device_type)
         return TorchSession(artifacts.source.model, precision, layout, target.device, batch)
@@ -246,7 +241,7 @@ class CompileRuntime(Runtime):
         return "Inductor; compiles on the first call (reported as first_ms)"
 
     @classmethod
-    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> RuntimeSession:
         cls.check_precision(precision)
         _torch_precision_check(precision, target.device_type)
         # Inductor's on-disk caches (FX graphs, kernels) under the model's cache: a second run reuses them.
@@ -367,7 +362,7 @@ def _machine() -> str:
     return f"{cpu_model_name()}|{cpu_capability()}|{platform.machine()}"
 
 
-class OrtSession(Session):
+class OrtSession(RuntimeSession):
     def __init__(self, model: Path, provider: OrtProvider, precision: str, target: Target, batch: int,
                  cache: Path, input_shape: tuple[int, ...]):
         ort = import_onnxruntime()
@@ -450,7 +445,7 @@ class OnnxRuntime(Runtime):
         return f"onnxruntime {onnxruntime.__version__}; providers: {', '.join(ort_installed_providers())}"
 
     @classmethod
-    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> RuntimeSession:
         cls.require()
         cls.check_precision(precision)
         provider = choose_ort_provider(target)
@@ -468,7 +463,7 @@ class OnnxRuntime(Runtime):
 _OV_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
 
-class OpenVinoSession(Session):
+class OpenVinoSession(RuntimeSession):
     def __init__(self, model: Path, precision: str, batch: int, cache: Path, input_shape: tuple[int, ...]):
         import openvino as ov  # optional extra (openvino): imported on use, not at start-up
 
@@ -525,7 +520,7 @@ class OpenVinoRuntime(Runtime):
         return f"openvino {ov.__version__.split('-')[0]}; devices: {', '.join(core.available_devices)}"
 
     @classmethod
-    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> Session:
+    def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> RuntimeSession:
         cls.require()
         cls.check_precision(precision)
         if target.device_type != "cpu":

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.data.text import TextVectorizer
+from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json, atomic_write_text

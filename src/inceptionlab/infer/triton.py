@@ -30,6 +30,7 @@ import yaml
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text
+from inceptionlab.infer.batching import batch_buckets
 from inceptionlab.models.spec import ModelSpec
 
 # The ONNX Runtime backend's accelerator names (its README; "migraphx" is what AMD's ROCm build
@@ -151,18 +152,15 @@ def config_text(name: str, inputs: list[Tensor], outputs: list[Tensor], options:
 def _warmup(inputs: list[Tensor], max_batch: int) -> list[str]:
     """Warm every power-of-two batch size up to max_batch before the model is ready, as our server does:
     the first call at a new size allocates and picks kernels (~10x a normal call)."""
-    sizes, size = [], 1
-    while size < max_batch:
-        sizes.append(size)
-        size *= 2
+    sizes = batch_buckets(max_batch)
     lines = ["", "model_warmup ["]
-    for index, batch in enumerate([*sizes, max_batch]):
+    for index, batch in enumerate(sizes):
         lines += ["  {", f'    name: "batch_{batch}"', f"    batch_size: {batch}"]
         for spec in inputs:
             dims = [d if d > 0 else 1 for d in spec.dims]
             lines += ["    inputs {", f'      key: "{spec.name}"', "      value {", f"        data_type: {spec.data_type}",
                       f"        dims: {_dims(dims)}", "        zero_data: true", "      }", "    }"]
-        lines += ["  }" + ("," if index < len(sizes) else "")]
+        lines += ["  }" + ("," if index < len(sizes) - 1 else "")]
     return lines + ["]"]
 
 

@@ -1,20 +1,19 @@
-"""The FastAPI app: Open Inference Protocol (KServe v2) endpoints, /v1/classify, /metrics, the page.
+"""The HTTP front end (FastAPI): Open Inference Protocol (KServe v2) endpoints with Triton's
+statistics, model configuration and repository index, /v1/classify, /metrics, the page.
 
 Event-loop discipline: parsing big bodies, decoding images and tokenizing run in a bounded
 preprocessing thread pool; inference runs in each model's batcher threads. The loop only routes.
-Every error is a 4xx/5xx with a one-line {"error": "..."} body (KServe's shape).
+Every error is a 4xx/5xx with a one-line {"error": "..."} body (KServe's shape), also while the
+server drains; then every answer also says `Connection: close`, so no client sends another request
+on a connection the server is about to close (which a client sees as an answer with no body).
+The gRPC front end (grpc_server.py), when asked for, runs in the same event loop on the same state.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import json
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, AsyncIterator, Callable
 
@@ -24,75 +23,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inceptionlab import __version__
 from inceptionlab.errors import UserError
-from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
-from inceptionlab.serve.metrics import ServeMetrics
 from inceptionlab.serve.models import ServedModel
 from inceptionlab.serve.protocol import HEADER_LENGTH, ProtocolError, encode_infer_response, parse_infer_request
+from inceptionlab.serve.service import API_KEY_HELP, RequestSettings, ServeError, ServeState, key_matches
 
 API_KEY_ENV = "INCEPTIONLAB_API_KEY"
 PUBLIC_PATHS = ("/", "/v2/health/live", "/v2/health/ready")  # probes and the page itself need no key
 PARSE_IN_THREAD_BYTES = 64_000  # json.loads of a 1x3x299x299 FP32 JSON tensor takes ~30 ms: off the loop
-
-
-@dataclass
-class ServerSettings:
-    max_delay_ms: float = 2.0
-    max_queue: int = 256
-    timeout_s: float = 30.0
-    max_body_bytes: int = 20 * 1024 * 1024  # 20 MiB: a 12 Mpx JPEG is ~5 MB, a 32x299x299 FP32 batch 34 MB
-    api_key: str | None = None
-    topk: int = 5
-    preprocess_threads: int = max(2, os.cpu_count() or 2)
-    retry_after_s: int = 1
-
-
-class ServeState:
-    """What the routes share: the models, their batchers, the metrics, readiness."""
-
-    def __init__(self, models: list[ServedModel], settings: ServerSettings):
-        self.models = {m.name: m for m in models}
-        self.settings = settings
-        self.metrics = ServeMetrics()
-        self.batchers: dict[str, DynamicBatcher] = {}
-        self.ready = False
-        self.draining = False
-        self.preprocess = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
-
-    def start(self) -> None:
-        for name, model in self.models.items():
-            batcher = DynamicBatcher(model.run, model.max_batch, self.settings.max_delay_ms / 1e3,
-                                     self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name)
-            batcher.start()
-            self.batchers[name] = batcher
-            self.metrics.add_model(name, lambda b=batcher: b.pending)
-        self.ready = True
-
-    async def drain(self, timeout_s: float) -> bool:
-        """Readiness turns 503, nothing new is accepted, everything accepted is answered (bounded)."""
-        self.draining = True
-        results = await asyncio.gather(*(b.drain(timeout_s) for b in self.batchers.values()))
-        return all(results)
-
-    async def stop(self) -> None:
-        await asyncio.gather(*(b.stop() for b in self.batchers.values()))
-        self.preprocess.shutdown(wait=False, cancel_futures=True)
-
-    def model(self, name: str) -> ServedModel:
-        if name not in self.models:
-            raise ApiError(404, f"unknown model {name!r}; this server has {', '.join(self.models)}")
-        return self.models[name]
-
-    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.preprocess, fn, *args)
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
-                 outcome: str = "bad_request"):
-        super().__init__(message)
-        self.status, self.headers, self.outcome = status, headers or {}, outcome
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -143,25 +81,48 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-def _key_ok(request: Request, key: str) -> bool:
-    given = request.headers.get("x-api-key") or ""
-    auth = request.headers.get("authorization") or ""
-    if auth.lower().startswith("bearer "):
-        given = auth[7:].strip()
-    return hmac.compare_digest(given.encode(), key.encode())
+class CloseWhileDraining:
+    """While the server drains, every answer carries `Connection: close`: the client opens a new
+    connection for its next request (and gets a 503 with a body) instead of reusing one that the
+    server closes when it exits, which clients report as an empty answer."""
+
+    def __init__(self, app: Any, state: ServeState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_closing(message: dict) -> None:
+            if message["type"] == "http.response.start" and self.state.draining:
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, send_closing)
 
 
 # --------------------------------------------------------------------------------------- the app
 
 
-def create_app(models: list[ServedModel], settings: ServerSettings | None = None) -> FastAPI:
-    state = ServeState(models, settings or ServerSettings())
+def create_app(models: list[ServedModel], settings: RequestSettings | None = None,
+               grpc_address: str | None = None) -> FastAPI:
+    """The HTTP app; with `grpc_address` (HOST:PORT, port 0 for any free one) it also serves gRPC,
+    started and drained with the app (the bound port is `app.state.serve.grpc_port`)."""
+    state = ServeState(models, settings or RequestSettings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.start()
+        grpc_front = None
+        if grpc_address is not None:
+            from inceptionlab.serve.grpc_server import start_grpc  # grpcio: only when gRPC is asked for
+
+            grpc_front = await start_grpc(state, grpc_address)
         yield
         await state.drain(state.settings.timeout_s)
+        if grpc_front is not None:
+            await grpc_front.stop()
         await state.stop()
 
     app = FastAPI(title="inceptionlab", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -170,6 +131,7 @@ def create_app(models: list[ServedModel], settings: ServerSettings | None = None
     if state.settings.api_key:
         _install_api_key(app, state.settings.api_key)
     app.add_middleware(BodyLimit, limit=state.settings.max_body_bytes)
+    app.add_middleware(CloseWhileDraining, state=state)
     _health_routes(app, state)
     _oip_routes(app, state)
     _classify_routes(app, state)
@@ -187,17 +149,17 @@ def _install_errors(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         return error_response(400, f"{'.'.join(map(str, first.get('loc', ())))}: {first.get('msg', 'invalid')}")
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, str(exc), exc.headers)
+    @app.exception_handler(ServeError)
+    async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
+        return error_response(exc.status, str(exc), headers)
 
 
 def _install_api_key(app: FastAPI, key: str) -> None:
     @app.middleware("http")
     async def require_key(request: Request, call_next: Callable) -> Response:
-        if request.url.path not in PUBLIC_PATHS and not _key_ok(request, key):
-            return error_response(401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' "
-                                  "or 'X-API-Key: KEY'")
+        if request.url.path not in PUBLIC_PATHS and not key_matches(request.headers, key):
+            return error_response(401, API_KEY_HELP)
         return await call_next(request)
 
 
@@ -208,12 +170,11 @@ def _health_routes(app: FastAPI, state: ServeState) -> None:
 
     @app.get("/v2/health/ready")
     async def ready() -> JSONResponse:
-        ok = state.ready and not state.draining
-        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+        return JSONResponse({"ready": state.accepting}, status_code=200 if state.accepting else 503)
 
     @app.get("/v2")
     async def server_metadata() -> dict:
-        return {"name": "inceptionlab", "version": __version__, "extensions": ["binary_tensor_data"]}
+        return state.server_metadata()
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -225,6 +186,19 @@ def _health_routes(app: FastAPI, state: ServeState) -> None:
 
 
 def _oip_routes(app: FastAPI, state: ServeState) -> None:
+    @app.get("/v2/models/stats")  # before /v2/models/{name}, which would take "stats" for a name
+    async def all_stats() -> dict:
+        return {"model_stats": state.model_stats()}
+
+    @app.get("/v2/models/{name}/stats")
+    @app.get("/v2/models/{name}/versions/{version}/stats")
+    async def model_stats(name: str, version: str = "1") -> dict:
+        return {"model_stats": state.model_stats(name)}
+
+    @app.post("/v2/repository/index")
+    async def repository_index(request: Request) -> list:
+        return state.repository_index(_ready_only(await request.body()))
+
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(name: str, version: str = "1") -> dict:
@@ -234,108 +208,39 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(name: str, version: str = "1") -> JSONResponse:
         state.model(name)
-        ok = state.ready and not state.draining
-        return JSONResponse({"name": name, "ready": ok}, status_code=200 if ok else 503)
+        return JSONResponse({"name": name, "ready": state.accepting}, status_code=200 if state.accepting else 503)
 
     @app.get("/v2/models/{name}/config")
-    async def model_config(name: str) -> dict:
-        return _config(state.model(name), state.settings)
+    @app.get("/v2/models/{name}/versions/{version}/config")
+    async def model_config(name: str, version: str = "1") -> dict:
+        return state.model_config(name)
 
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(name: str, request: Request, version: str = "1") -> Response:
-        started = time.perf_counter()
         model = state.model(name)
         body = await request.body()
-        async with _counted(state, name, started) as counted:
-            _refuse_early(state, name)
+        async with state.counted(name) as counted:
+            state.refuse_early(name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
             parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
-            if len(parsed.inputs) != 1:
-                raise ProtocolError(f"model {name!r} takes one input: {model.accepted_inputs()}")
-            unknown = [o for o in parsed.outputs if o not in ("probabilities", "logits")]
-            if unknown:
-                raise ProtocolError(f"model {name!r} has no output {unknown[0]!r}; it has probabilities, logits")
-            item, count = await state.in_thread(model.prepare_tensor, parsed.inputs[0])
-            result, counted.outcome = await _submit(state, name, item, count)
-            wanted = parsed.outputs or ["probabilities", "logits"]
-            payload, headers = encode_infer_response(name, "1", parsed, {k: result[k] for k in wanted})
+            outputs = await state.infer(model, parsed, counted)
+            payload, headers = encode_infer_response(name, "1", parsed, outputs)
             return Response(payload, headers=headers)
 
 
-@dataclass
-class _Counted:
-    outcome: str = "bad_request"  # until the batcher answers (or an ApiError says otherwise)
-
-
-@asynccontextmanager
-async def _counted(state: ServeState, name: str, started: float) -> AsyncIterator[_Counted]:
-    """One request's bookkeeping for both inference routes: library errors become one-line 4xx, and
-    every request is counted by outcome with its time, whatever happens."""
-    counted = _Counted()
+def _ready_only(body: bytes) -> bool:
+    """The repository index request's optional {"ready": true}."""
+    if not body.strip():
+        return False
     try:
-        yield counted
-    except (ProtocolError, UserError) as exc:
-        raise ApiError(getattr(exc, "status", 400), str(exc)) from None
-    except ApiError as exc:
-        counted.outcome = exc.outcome
-        raise
-    finally:
-        state.metrics.requests.labels(name, counted.outcome).inc()
-        state.metrics.request_time.labels(name).observe(time.perf_counter() - started)
-
-
-def _refuse_early(state: ServeState, name: str) -> None:
-    """503 before parsing when the queue is full or the server drains."""
-    try:
-        state.batchers[name].check_accepting()
-    except (QueueFull, Draining) as exc:
-        raise _unavailable(state, exc) from None
-
-
-def _unavailable(state: ServeState, exc: Exception) -> ApiError:
-    return ApiError(503, f"{exc}; retry later", {"Retry-After": str(state.settings.retry_after_s)}, "rejected")
-
-
-async def _submit(state: ServeState, name: str, item: Any, count: int) -> tuple[Any, str]:
-    """Queue one request; map refusals to HTTP (the outcome is recorded by the caller's finally)."""
-    batcher = state.batchers[name]
-    try:
-        return await batcher.submit(item, count, state.settings.timeout_s), "success"
-    except (QueueFull, Draining) as exc:
-        raise _unavailable(state, exc) from None
-    except ValueError as exc:  # bigger than --max-batch
-        raise ApiError(400, str(exc)) from None
-    except asyncio.TimeoutError:
-        message = f"no answer within {state.settings.timeout_s:g} s (--timeout-s)"
-        raise ApiError(504, message, outcome="timeout") from None
-    except Exception as exc:  # noqa: BLE001 - a failed batch: a 500 for its requests, the server goes on
-        raise ApiError(500, f"inference failed: {type(exc).__name__}: {exc}", outcome="error") from None
-
-
-def _config(model: ServedModel, settings: ServerSettings) -> dict[str, Any]:
-    """A minimal Triton-style model configuration."""
-    meta = model.metadata()
-    return {
-        "name": model.name,
-        "platform": meta["platform"],
-        "backend": model.backend,
-        "precision": model.precision,
-        "provider": model.provider,
-        "max_batch_size": model.max_batch,
-        "input": meta["inputs"],
-        "output": meta["outputs"],
-        "accepted_inputs": model.accepted_inputs(),
-        "dynamic_batching": {
-            "preferred_batch_size": model.buckets,
-            "max_queue_delay_microseconds": int(settings.max_delay_ms * 1000),
-            "default_queue_policy": {"max_queue_size": settings.max_queue,
-                                     "default_timeout_microseconds": int(settings.timeout_s * 1e6)},
-        },
-        "instance_group": [{"count": len(model.engines), "kind": "KIND_CPU" if "cpu" in model.provider.lower()
-                            or "openvino" in model.provider.lower() else "KIND_GPU"}],
-        "labels": model.spec.labels,
-    }
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ServeError("invalid", f'invalid JSON in the repository index request ({exc}); send {{"ready": true}} '
+                         "or nothing") from None
+    if not isinstance(data, dict) or not isinstance(data.get("ready", False), bool):
+        raise ServeError("invalid", 'the repository index request takes {"ready": true|false}')
+    return data.get("ready", False)
 
 
 # --------------------------------------------------------------------------------------- /v1/classify
@@ -353,10 +258,11 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
         started = time.perf_counter()
         served = state.model(model or next(iter(state.models)))
         k = topk or state.settings.topk
-        async with _counted(state, served.name, started) as counted:
-            _refuse_early(state, served.name)
+        async with state.counted(served.name) as counted:
+            state.refuse_early(served.name)
             names, item, count, errors = await _classify_inputs(state, served, request)
-            result, counted.outcome = await _submit(state, served.name, item, count)
+            result = await state.submit(served.name, item, count)
+            counted.outcome = "success"
             results = _classify_results(served, names, result["probabilities"], k, errors)
             return JSONResponse({"model": served.name, "results": results,
                                  "time_ms": round((time.perf_counter() - started) * 1e3, 2)})

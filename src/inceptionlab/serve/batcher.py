@@ -90,10 +90,14 @@ class DynamicBatcher:
         if len(self.queue) >= self.max_queue:
             raise QueueFull(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue})")
 
+    def check_size(self, count: int) -> None:
+        """ValueError for a request bigger than max_batch: a 400 whatever the load (retrying cannot help)."""
+        if count > self.max_batch:
+            raise ValueError(f"a request of {count} items exceeds --max-batch {self.max_batch}; split it")
+
     async def submit(self, item: Any, count: int, timeout_s: float | None = None) -> Any:
         """Queue one request and wait for its result; QueueFull / Draining refuse it at once."""
-        if count > self.max_batch:  # a 400 whatever the load: retrying cannot help
-            raise ValueError(f"a request of {count} items exceeds --max-batch {self.max_batch}; split it")
+        self.check_size(count)
         self.check_accepting()
         entry = _Entry(item, count, asyncio.get_running_loop().create_future())
         self.queue.append(entry)

@@ -31,29 +31,40 @@ import torch
 from PIL import Image
 
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.data.images import decode_rgb
-from inceptionlab.data.text import TextVectorizer
+from inceptionlab.data.io.decode import decode_rgb
+from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
+from inceptionlab.infer.batching import batch_buckets
 from inceptionlab.errors import UserError
-from inceptionlab.infer.export import image_files, load_source, torch_logits
+from inceptionlab.infer.inputs import image_files
+from inceptionlab.infer.parity import torch_logits
 from inceptionlab.infer.quantize import image_sets, judge
 from inceptionlab.infer.runtimes import (
     NATIVE_LAYOUT,
     PRECISIONS,
     REDUCED_PRECISIONS,
     Artifacts,
-    Session,
+    RuntimeSession,
     Target,
     TorchSession,
     Unsupported,
     get_runtime,
 )
+from inceptionlab.infer.source import load_source
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.serve.protocol import InputTensor, ProtocolError
 
 BACKENDS = ("auto", "openvino", "onnxruntime", "compile", "eager")
+# An image model declares two inputs, and a request gives exactly one of them: `images`, the
+# tensor the exported ONNX model and its Triton repository take (FP32 normalised, or UINT8 pixels
+# resized and cropped), and `image_bytes`, encoded files (JPEG, PNG, ...) that the server decodes
+# and preprocesses. Encoded files are BYTES with dims [1] per batch item, shape [-1, 1]: Triton's
+# convention for an encoded-image input of a batching model, which perf_analyzer and Triton's
+# clients read from the metadata. Requests may send BYTES as [N] or [N, 1]; `images` also takes
+# BYTES (encoded files) for clients written before `image_bytes` was declared.
 IMAGE_INPUT = "images"
+ENCODED_INPUT = "image_bytes"
 TEXT_INPUT = "text"
 OUTPUTS = ("probabilities", "logits")
 # Uploads above this many pixels are refused before decoding: a 40 Mpx RGB image is 120 MB decoded,
@@ -63,7 +74,9 @@ MAX_TEXT_BYTES = 100_000  # a long IMDB review is ~10 kB; the model reads its fi
 
 
 @dataclass
-class ServeSettings:
+class ModelLoadSettings:
+    """How each served model is loaded: runtime, precision, device, batch buckets, instances."""
+
     backend: str = "auto"
     precision: str = "auto"
     device: str = "cpu"
@@ -82,15 +95,6 @@ AUTO_MAX_BATCH = 32
 BATCHING_PAYS = 1.25
 
 
-def batch_buckets(max_batch: int) -> list[int]:
-    """1, 2, 4, ... up to max_batch (max_batch itself always included)."""
-    sizes, size = [], 1
-    while size < max_batch:
-        sizes.append(size)
-        size *= 2
-    return [*sizes, max_batch]
-
-
 def auto_backend(device: str, input_kind: str) -> str:
     if input_kind != "image" or device != "cpu":
         return "eager"
@@ -104,7 +108,7 @@ def auto_backend(device: str, input_kind: str) -> str:
 class Engine:
     """One instance of a model: sessions by bucket (one shared session for dynamic-shape runtimes)."""
 
-    sessions: dict[int, Session]
+    sessions: dict[int, RuntimeSession]
     buckets: list[int]
 
     def bucket(self, count: int) -> int:
@@ -164,44 +168,51 @@ class ServedModel:
 
     # ------------------------------------------------------------------ metadata (OIP)
 
-    def metadata(self) -> dict[str, Any]:
+    def declared_inputs(self) -> list[dict[str, Any]]:
+        """The inputs as clients discover them (metadata and config): the batch axis first, -1."""
         if self.is_image:
-            inputs = [{"name": IMAGE_INPUT, "datatype": "FP32", "shape": [-1, *self.input_shape]}]
-        else:
-            inputs = [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}]
+            return [{"name": IMAGE_INPUT, "datatype": "FP32", "shape": [-1, *self.input_shape]},
+                    {"name": ENCODED_INPUT, "datatype": "BYTES", "shape": [-1, 1]}]
+        return [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1, 1]}]
+
+    def metadata(self) -> dict[str, Any]:
         # logits: one column per class, or one for a binary text model (sigmoid gives P(class 1))
         outputs = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, self.spec.num_classes]},
                    {"name": "logits", "datatype": "FP32", "shape": [-1, -1]}]
         return {"name": self.name, "versions": ["1"], "platform": f"inceptionlab_{self.backend}",
-                "inputs": inputs, "outputs": outputs}
+                "inputs": self.declared_inputs(), "outputs": outputs}
 
     def accepted_inputs(self) -> str:
         if self.is_image:
             shape = "x".join(map(str, ["N", *self.input_shape]))
-            return (f'"{IMAGE_INPUT}": FP32 {shape} (normalised), UINT8 {shape} (resized and cropped, '
-                    f"0-255) or BYTES [N] (encoded image files)")
-        return f'"{TEXT_INPUT}": BYTES [N] (UTF-8 texts)'
+            return (f'one of "{IMAGE_INPUT}": FP32 {shape} (normalised) or UINT8 {shape} (resized and cropped, '
+                    f'0-255), or "{ENCODED_INPUT}": BYTES [N] or [N, 1] (encoded image files)')
+        return f'"{TEXT_INPUT}": BYTES [N] or [N, 1] (UTF-8 texts)'
 
     # ------------------------------------------------------------------ inputs (worker threads)
 
     def prepare_tensor(self, tensor: InputTensor) -> tuple[np.ndarray, int]:
         """An OIP input tensor -> what `run` takes (float32/uint8 NCHW, or int64 token ids)."""
-        expected = IMAGE_INPUT if self.is_image else TEXT_INPUT
-        if tensor.name != expected:
+        readers = {IMAGE_INPUT: self._image_tensor, ENCODED_INPUT: self._encoded_images} if self.is_image \
+            else {TEXT_INPUT: self._texts}
+        if tensor.name not in readers:
             raise ProtocolError(f"model {self.name!r} has no input {tensor.name!r}; it takes {self.accepted_inputs()}")
-        if not self.is_image:
-            if tensor.datatype != "BYTES" or len(tensor.shape) != 1:
-                raise ProtocolError(f"model {self.name!r}: input {tensor.name!r} must be BYTES [N] texts")
-            return self.encode_texts([_utf8(item, i) for i, item in enumerate(tensor.data)])
-        if tensor.datatype == "BYTES":
-            if len(tensor.shape) != 1:
-                raise ProtocolError(f"input {IMAGE_INPUT!r}: BYTES images take shape [N], got {tensor.shape}")
-            return self.decode_images(tensor.data)
+        return readers[tensor.name](tensor)
+
+    def _image_tensor(self, tensor: InputTensor) -> tuple[np.ndarray, int]:
+        if tensor.datatype == "BYTES":  # encoded files sent to `images`, as before `image_bytes` was declared
+            return self._encoded_images(tensor)
         if tensor.datatype not in ("FP32", "UINT8") or list(tensor.shape[1:]) != self.input_shape \
                 or len(tensor.shape) != 4 or tensor.shape[0] < 1:
             raise ProtocolError(f"model {self.name!r}: got {tensor.datatype} {tensor.shape}; it takes "
                                 f"{self.accepted_inputs()}")
         return np.asarray(tensor.data), tensor.shape[0]
+
+    def _encoded_images(self, tensor: InputTensor) -> tuple[np.ndarray, int]:
+        return self.decode_images(_bytes_batch(tensor))
+
+    def _texts(self, tensor: InputTensor) -> tuple[np.ndarray, int]:
+        return self.encode_texts([_utf8(item, i) for i, item in enumerate(_bytes_batch(tensor))])
 
     def decode_images(self, blobs: Sequence[bytes], names: Sequence[str] | None = None) -> tuple[np.ndarray, int]:
         if not blobs:
@@ -215,9 +226,7 @@ class ServedModel:
             raise ProtocolError(f"image {name}: empty; send the image file's bytes")
         _check_pixels(data, name)
         image = decode_rgb(data, name, max_side=self.spec.resize_size)
-        if self.spec.channels == 1:  # Fashion-MNIST-style models take one grey channel
-            image = image.convert("L")
-        return np.asarray(torch.as_tensor(self.transform(image)))
+        return np.asarray(torch.as_tensor(self.transform(image)))  # the spec's transform converts channels too
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, int]:
         if not texts:
@@ -253,6 +262,14 @@ class ServedModel:
         return [{"label": self.spec.labels[i], "index": int(i), "prob": round(float(probs[i]), 6)} for i in order]
 
 
+def _bytes_batch(tensor: InputTensor) -> list[bytes]:
+    """BYTES [N] or [N, 1] (one element per batch item) -> the N elements."""
+    if tensor.datatype != "BYTES" or len(tensor.shape) not in (1, 2) or tensor.shape[1:] not in ([], [1]):
+        raise ProtocolError(f"input {tensor.name!r}: takes BYTES of shape [N] or [N, 1], got {tensor.datatype} "
+                            f"{tensor.shape}")
+    return list(tensor.data)
+
+
 def _utf8(item: bytes, index: int) -> str:
     if len(item) > MAX_TEXT_BYTES:
         raise ProtocolError(f"text #{index} has {len(item)} bytes (limit {MAX_TEXT_BYTES}); shorten it")
@@ -277,7 +294,7 @@ def _check_pixels(data: bytes, name: str) -> None:
 # --------------------------------------------------------------------------------------- loading
 
 
-def load_served_model(settings: ServeSettings, run_dir: Path | None = None, model: str | None = None,
+def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, model: str | None = None,
                       name: str | None = None) -> ServedModel:
     """A run directory or a pretrained name, on the chosen runtime, warmed up at every bucket."""
     if run_dir is not None and _input_kind(run_dir) == "tokens":
@@ -322,7 +339,7 @@ def _input_kind(run_dir: Path) -> str:
     return ModelSpec.load(RunDir.open(run_dir).spec_file).input_kind
 
 
-def _load_text_model(settings: ServeSettings, run_dir: Path, name: str | None) -> ServedModel:
+def _load_text_model(settings: ModelLoadSettings, run_dir: Path, name: str | None) -> ServedModel:
     if settings.backend not in ("auto", "eager"):
         raise UserError(f"{run_dir}: text models run on --backend eager (the ONNX export covers image models)")
     if settings.precision not in ("auto", "fp32"):
@@ -338,7 +355,7 @@ def _load_text_model(settings: ServeSettings, run_dir: Path, name: str | None) -
                        engines, buckets[-1], vectorizer)
 
 
-def _load_image_model(settings: ServeSettings, run_dir: Path | None, model: str | None,
+def _load_image_model(settings: ModelLoadSettings, run_dir: Path | None, model: str | None,
                       name: str | None) -> ServedModel:
     source = load_source(run_dir=run_dir, model=model, weights=settings.weights, out=settings.exports)
     backend = auto_backend(settings.device, "image") if settings.backend == "auto" else settings.backend
@@ -379,7 +396,7 @@ def _precision_candidates(requested: str, backend: str) -> list[str]:
 
 
 def _open_engine(runtime: Any, artifacts: Artifacts, precision: str, layout: str, target: Target,
-                 settings: ServeSettings, check: bool = True) -> tuple[Engine, Any]:
+                 settings: ModelLoadSettings, check: bool = True) -> tuple[Engine, Any]:
     buckets = batch_buckets(settings.max_batch or AUTO_MAX_BATCH)
     if precision == "int8" and artifacts.sets is None:
         artifacts.sets = _image_sets(artifacts)  # calibration images, before the quantizer asks
@@ -393,7 +410,7 @@ def _open_engine(runtime: Any, artifacts: Artifacts, precision: str, layout: str
     return engine, verdict
 
 
-def _agreement(artifacts: Artifacts, engine: Engine, settings: ServeSettings) -> Any:
+def _agreement(artifacts: Artifacts, engine: Engine, settings: ModelLoadSettings) -> Any:
     """infer/quantize.py's rule, as `bench` applies it: top-1 agreement with fp32 PyTorch."""
     if artifacts.sets is None:
         artifacts.sets = _image_sets(artifacts)

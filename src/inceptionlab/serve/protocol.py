@@ -7,7 +7,13 @@ input naming its byte count in `parameters.binary_data_size`. BYTES elements in 
 4-byte little-endian length followed by the bytes. Responses use the same layout when the request
 asks for binary outputs (`outputs[i].parameters.binary_data` or `parameters.binary_data_output`).
 
-Every problem is a `ProtocolError` whose message becomes the one-line `{"error": "..."}` body.
+The gRPC form (serve/grpc_server.py) carries the same tensors either as typed repeated fields
+(`contents.fp32_contents`, ...: CONTENTS_FIELDS) or as one raw little-endian byte string per input
+(`raw_input_contents`, BYTES elements length-prefixed as above); both are decoded here, by the same
+checks as the HTTP form, so a tensor means the same whichever way it came.
+
+Every problem is a `ProtocolError` whose message becomes the one-line `{"error": "..."}` body (HTTP)
+or the INVALID_ARGUMENT status message (gRPC).
 """
 
 from __future__ import annotations
@@ -29,6 +35,12 @@ DTYPES: dict[str, Any] = {
     "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
 }
 NUMPY_TO_DTYPE = {np.dtype(v): k for k, v in DTYPES.items()}
+# The gRPC InferTensorContents field of each datatype (grpc_service.proto); FP16 travels raw only.
+CONTENTS_FIELDS = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
 
 
 class ProtocolError(ValueError):
@@ -114,31 +126,49 @@ def _parse_input(raw: Any, binary: bytes, offset: int) -> tuple[InputTensor, int
     name, datatype, shape = raw.get("name"), raw.get("datatype"), raw.get("shape")
     if not isinstance(name, str):
         raise ProtocolError('an input has no "name"')
-    if datatype != "BYTES" and datatype not in DTYPES:
-        raise ProtocolError(f"input {name!r}: datatype {datatype!r} is not an OIP datatype "
-                            f"({', '.join([*DTYPES, 'BYTES'])})")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ProtocolError(f'input {name!r}: "shape" must be a list of non-negative integers')
-    count = int(np.prod(shape)) if shape else 1
+    check_header(name, datatype, shape)
     size = (raw.get("parameters") or {}).get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size < 0 or offset + size > len(binary):
             raise ProtocolError(f"input {name!r}: binary_data_size {size} runs past the binary data "
                                 f"({len(binary) - offset} bytes left)")
-        chunk = binary[offset:offset + size]
-        data = _bytes_elements(chunk, name) if datatype == "BYTES" else _binary_array(chunk, datatype, name)
-        used = size
-    elif "data" in raw:
+        return tensor_from_raw(name, datatype, shape, binary[offset:offset + size]), size
+    if "data" in raw:
         data = _json_bytes(raw["data"], name) if datatype == "BYTES" else _json_array(raw["data"], datatype, name)
-        used = 0
-    else:
-        raise ProtocolError(f'input {name!r} has neither "data" nor parameters.binary_data_size')
+        return _tensor(name, datatype, shape, data), 0
+    raise ProtocolError(f'input {name!r} has neither "data" nor parameters.binary_data_size')
+
+
+def check_header(name: str, datatype: Any, shape: Any) -> None:
+    """A tensor's datatype and shape, whichever form the request takes."""
+    if datatype != "BYTES" and datatype not in DTYPES:
+        raise ProtocolError(f"input {name!r}: datatype {datatype!r} is not an OIP datatype "
+                            f"({', '.join([*DTYPES, 'BYTES'])})")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ProtocolError(f'input {name!r}: "shape" must be a list of non-negative integers')
+
+
+def tensor_from_raw(name: str, datatype: str, shape: list[int], raw: bytes) -> InputTensor:
+    """Raw little-endian bytes (HTTP's binary extension, gRPC's raw_input_contents) -> a tensor."""
+    data = _bytes_elements(raw, name) if datatype == "BYTES" else _binary_array(raw, datatype, name)
+    return _tensor(name, datatype, shape, data)
+
+
+def tensor_from_values(name: str, datatype: str, shape: list[int], values: Any) -> InputTensor:
+    """Typed values (gRPC's InferTensorContents field of the datatype) -> a tensor."""
+    if datatype == "BYTES":
+        return _tensor(name, datatype, shape, [bytes(v) for v in values])
+    return _tensor(name, datatype, shape, _json_array(values, datatype, name))
+
+
+def _tensor(name: str, datatype: str, shape: list[int], data: np.ndarray | list[bytes]) -> InputTensor:
+    count = int(np.prod(shape)) if shape else 1
     got = len(data) if isinstance(data, list) else data.size
     if got != count:
         raise ProtocolError(f"input {name!r}: shape {shape} needs {count} elements, got {got}")
     if not isinstance(data, list):
         data = data.reshape(shape)
-    return InputTensor(name, datatype, shape, data), used
+    return InputTensor(name, datatype, shape, data)
 
 
 def _binary_array(chunk: bytes, datatype: str, name: str) -> np.ndarray:
@@ -203,6 +233,16 @@ def encode_bytes_elements(items: list[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
+def raw_bytes(array: np.ndarray) -> bytes:
+    """A numeric tensor as the protocol's raw form: row-major, little-endian."""
+    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def config_data_type(datatype: str) -> str:
+    """An OIP datatype -> Triton's model configuration DataType name (BYTES is TYPE_STRING there)."""
+    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+
+
 def encode_infer_response(model: str, version: str, request: InferRequest,
                           outputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     """The response body and its extra headers: plain JSON, or JSON + binary outputs."""
@@ -211,7 +251,7 @@ def encode_infer_response(model: str, version: str, request: InferRequest,
         array = np.ascontiguousarray(array)
         entry: dict[str, Any] = {"name": name, "datatype": NUMPY_TO_DTYPE[array.dtype], "shape": list(array.shape)}
         if request.binary_all or name in request.binary_outputs:
-            blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+            blob = raw_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

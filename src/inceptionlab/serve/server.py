@@ -2,9 +2,17 @@
 
 uvicorn's own SIGTERM handling closes the listening socket at once and, after its shutdown,
 re-raises the signal (the process then dies by SIGTERM, exit status 143). Here the first SIGTERM
-or SIGINT turns readiness to 503 and refuses new requests while queued and running ones are
-answered (at most `drain_s`), then uvicorn shuts down and the process exits 0. A second signal
-forces the exit.
+or SIGINT turns readiness to 503 (gRPC: NOT_SERVING) and refuses new requests (503 with a JSON body;
+gRPC: UNAVAILABLE) while queued and running ones are answered (at most `drain_s`), then uvicorn and
+the gRPC server shut down and the process exits 0. A second signal forces the exit.
+
+Keep-alive connections: while draining, every answer says `Connection: close` (app.CloseWhileDraining),
+so each connection a client uses during the drain is closed after its answer, and the client's next
+request opens a new one and gets a 503 with a JSON body. Idle connections are left open until the
+exit, not closed when the drain begins: a client may be sending on one at that moment, and a request
+on a connection the server closes gets no answer at all, which perf_analyzer reports as "failed to
+parse the request JSON buffer: The document is empty" (its HTTP client parses the empty body of a
+failed transfer). After the exit, a client that goes on sending meets a closed port, whatever the server did.
 """
 
 from __future__ import annotations

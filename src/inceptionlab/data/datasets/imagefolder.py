@@ -1,0 +1,84 @@
+"""ImageFolder reading that never stops a long run for one bad file.
+
+Decisions (also in the README):
+- a file with a non-image extension is ignored and counted (torchvision's rule), reported once;
+- an image that cannot be decoded (corrupt, truncated) is skipped and counted at load time, and
+  the trainer reports the skipped files at the end of each epoch: one bad JPEG in 100,000 should
+  not cost a 90-epoch run;
+- an empty class folder, no class folders at all, or train/val class sets that differ are errors:
+  they change the meaning of the labels, so nothing sensible can be trained.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torchvision.datasets import ImageFolder
+
+from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS
+from inceptionlab.data.splits import SplitPair
+from inceptionlab.errors import UserError
+
+
+class RobustImageFolder(ImageFolder):
+    """ImageFolder whose items are `(image, target)` or `None` for an undecodable file."""
+
+    def __init__(self, root: Path, transform: Any = None):
+        self.ignored_files: list[str] = []
+        root = Path(root)
+        _check_class_folders(root)
+        super().__init__(str(root), transform=transform, loader=load_rgb, is_valid_file=self._is_image)
+
+    def _is_image(self, path: str) -> bool:
+        if path.lower().endswith(IMAGE_EXTENSIONS):
+            return True
+        if not path.endswith(("_boxes.txt", ".DS_Store")):  # tiny-imagenet ships box lists beside images
+            self.ignored_files.append(path)
+        return False
+
+    def __getitem__(self, index: int) -> tuple[Any, int] | tuple[None, str]:
+        path, target = self.samples[index]
+        try:
+            image = self.loader(path)
+        except ImageReadError:
+            return None, path
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, target
+
+
+def _check_class_folders(root: Path) -> None:
+    if not root.is_dir():
+        raise UserError(f"{root}: dataset folder not found (pass --data DIR with train/ and val/ class folders)")
+    classes = [p for p in root.iterdir() if p.is_dir()]
+    if not classes:
+        raise UserError(f"{root}: no class folders; expected {root}/<class>/<image files>")
+    for folder in sorted(classes):
+        if not any(f.is_file() and f.name.lower().endswith(IMAGE_EXTENSIONS) for f in folder.rglob("*")):
+            raise UserError(f"{folder}: class folder has no images; add images or remove the folder")
+
+
+def check_same_classes(train_root: Path, train_classes: list[str], val_root: Path, val_classes: list[str]) -> None:
+    if train_classes == val_classes:
+        return
+    only_train = sorted(set(train_classes) - set(val_classes))
+    only_val = sorted(set(val_classes) - set(train_classes))
+    raise UserError(
+        f"{val_root}: class folders differ from {train_root} "
+        f"(only in train: {', '.join(only_train[:5]) or '-'}; only in val: {', '.join(only_val[:5]) or '-'}); "
+        "make both splits hold the same class folders"
+    )
+
+
+def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: Any, val_tf: Any) -> SplitPair:
+    train = RobustImageFolder(root / train_split, transform=train_tf)
+    val = RobustImageFolder(root / val_split, transform=val_tf)
+    check_same_classes(root / train_split, train.classes, root / val_split, val.classes)
+    notes = []
+    ignored = len(train.ignored_files) + len(val.ignored_files)
+    if ignored:
+        example = (train.ignored_files + val.ignored_files)[0]
+        notes.append(f"ignored {ignored} non-image file(s), e.g. {example}")
+    return SplitPair(train, val, list(train.classes), None, notes)

@@ -1,0 +1,67 @@
+"""What the two device-augmented image loaders share: their options, batch seeds, and which datasets qualify.
+
+`resident.py` (an image folder decoded once and kept as uint8) and `streamed.py` (decoded batch by
+batch in workers) both hand uint8 pixels to `DeviceAugment` and must draw the same crops and flips
+for the same (seed, epoch, rank, batch), so these live here rather than in either of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Subset
+
+from inceptionlab.data.transforms.device import DEFAULT_RATIO, DeviceAugment
+from inceptionlab.runtime import AUTOCAST_DTYPES
+
+
+@dataclass(frozen=True)
+class DeviceImageOptions:
+    """What the device augmentation needs from the recipe (data section, precision, memory format)."""
+
+    train_size: int = 299
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = DEFAULT_RATIO
+    hflip: bool = False
+    val_resize_size: int = 342
+    val_crop_size: int = 299
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    cache_size: int = 342
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+
+    @classmethod
+    def from_recipe(cls, recipe: Any) -> "DeviceImageOptions":
+        data = recipe.data
+        return cls(data.train_crop_size, tuple(data.train_crop_scale), DEFAULT_RATIO, data.hflip,
+                   data.val_resize_size, data.val_crop_size, tuple(data.mean), tuple(data.std),
+                   data.cache_size, AUTOCAST_DTYPES[recipe.train.precision] or torch.float32,
+                   recipe.train.channels_last)
+
+    def augment(self, train: bool) -> DeviceAugment:
+        if train:
+            return DeviceAugment(self.train_size, self.mean, self.std, True, self.scale, self.ratio, self.hflip,
+                                 dtype=self.dtype, channels_last=self.channels_last)
+        return DeviceAugment(self.val_crop_size, self.mean, self.std, False, resize_size=self.val_resize_size,
+                             dtype=self.dtype, channels_last=self.channels_last)
+
+
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    """A 64-bit seed per (seed, epoch, rank, batch): batches draw independent, replayable streams."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}/{batch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # manual_seed takes [0, 2**63) on every device
+
+
+def image_folder_of(dataset: Any) -> tuple[Any, list[int]] | None:
+    """(ImageFolder, indices into its samples) for an image folder or a Subset of one; None otherwise."""
+    from torchvision.datasets import ImageFolder  # start-up time: torchvision only when images are read
+
+    if isinstance(dataset, Subset) and isinstance(dataset.dataset, ImageFolder):
+        return dataset.dataset, list(dataset.indices)
+    if isinstance(dataset, ImageFolder):
+        return dataset, list(range(len(dataset)))
+    return None

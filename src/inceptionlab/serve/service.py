@@ -1,0 +1,307 @@
+"""What the two front ends share: models and their batchers, metrics, readiness and the drain, the
+one inference path, and the protocol's extension answers (model configuration, statistics,
+repository index) as plain dicts in Triton's JSON form.
+
+HTTP (app.py) sends these dicts as they are; gRPC (grpc_server.py) fills the proto messages of the
+same names from them, so both protocols answer from one place. Errors are `ServeError`s of a kind
+that fixes the HTTP status, the gRPC status code and the metrics outcome together (KINDS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+
+import numpy as np
+
+from inceptionlab import __version__
+from inceptionlab.errors import UserError
+from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
+from inceptionlab.serve.metrics import ServeMetrics
+from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, OUTPUTS, ServedModel
+from inceptionlab.serve.protocol import InferRequest, ProtocolError, config_data_type
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "inceptionlab"
+# Triton's extension names for what both front ends implement (the repository index alone is not
+# the model_repository extension, which also loads and unloads models).
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+
+
+@dataclass
+class RequestSettings:
+    """How requests are batched, queued, limited and authenticated (both protocols alike)."""
+
+    max_delay_ms: float = 2.0
+    max_queue: int = 256
+    timeout_s: float = 30.0
+    max_body_bytes: int = 20 * 1024 * 1024  # 20 MiB: a 12 Mpx JPEG is ~5 MB, a 32x299x299 FP32 batch 34 MB
+    api_key: str | None = None
+    topk: int = 5
+    preprocess_threads: int = max(2, os.cpu_count() or 2)
+    retry_after_s: int = 1
+
+
+@dataclass(frozen=True)
+class Kind:
+    http: int
+    grpc: str  # a grpc.StatusCode name (grpc is imported only where gRPC is served)
+    outcome: str  # the metrics outcome label
+
+
+# What a refused request is, in each protocol. (A missing API key and a body over --max-body-mb are
+# refused before any route runs: 401/UNAUTHENTICATED and 413/RESOURCE_EXHAUSTED, by each front end.)
+KINDS = {
+    "invalid": Kind(400, "INVALID_ARGUMENT", "bad_request"),
+    "not_found": Kind(404, "NOT_FOUND", "bad_request"),
+    "queue_full": Kind(503, "RESOURCE_EXHAUSTED", "rejected"),
+    "draining": Kind(503, "UNAVAILABLE", "rejected"),
+    "timeout": Kind(504, "DEADLINE_EXCEEDED", "timeout"),
+    "internal": Kind(500, "INTERNAL", "error"),
+}
+
+
+class ServeError(Exception):
+    """A request the server answers with an error: `kind` (KINDS) says how in each protocol."""
+
+    def __init__(self, kind: str, message: str, retry_after_s: int | None = None):
+        super().__init__(" ".join(message.split()))
+        self.kind, self.retry_after_s = kind, retry_after_s
+
+    @property
+    def status(self) -> int:
+        return KINDS[self.kind].http
+
+
+def key_matches(headers: Mapping[str, str], key: str) -> bool:
+    """The API key as 'Authorization: Bearer KEY' or 'X-API-Key: KEY' (HTTP headers, gRPC metadata)."""
+    given = headers.get("x-api-key") or ""
+    auth = headers.get("authorization") or ""
+    if auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    return hmac.compare_digest(given.encode(), key.encode())
+
+
+API_KEY_HELP = "missing or wrong API key: send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
+
+
+@dataclass
+class Counted:
+    outcome: str = "error"  # until the request is answered or refused for a known reason
+
+
+class ServeState:
+    """What the front ends share: the models, their batchers, the metrics, readiness, the drain."""
+
+    def __init__(self, models: list[ServedModel], settings: RequestSettings):
+        self.models = {m.name: m for m in models}
+        self.settings = settings
+        self.metrics = ServeMetrics()
+        self.batchers: dict[str, DynamicBatcher] = {}
+        self.ready = False
+        self.draining = False
+        self.on_drain: list[Callable[[], Awaitable[None]]] = []  # e.g. the gRPC health service
+        self.grpc_port: int | None = None  # where the gRPC front end listens, when it runs
+        self.preprocess = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
+
+    @property
+    def accepting(self) -> bool:
+        return self.ready and not self.draining
+
+    def start(self) -> None:
+        for name, model in self.models.items():
+            batcher = DynamicBatcher(model.run, model.max_batch, self.settings.max_delay_ms / 1e3,
+                                     self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name)
+            batcher.start()
+            self.batchers[name] = batcher
+            self.metrics.add_model(name, lambda b=batcher: b.pending)
+        self.ready = True
+
+    def stop_accepting(self) -> None:
+        """Readiness turns false and new requests are refused, from this moment on."""
+        self.draining = True
+        for batcher in self.batchers.values():
+            batcher.draining = True
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop accepting, then answer everything accepted (bounded): True when all was answered."""
+        if not self.draining:
+            self.stop_accepting()
+        for callback in self.on_drain:
+            await callback()
+        self.on_drain.clear()
+        results = await asyncio.gather(*(b.drain(timeout_s) for b in self.batchers.values()))
+        return all(results)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(b.stop() for b in self.batchers.values()))
+        self.preprocess.shutdown(wait=False, cancel_futures=True)
+
+    def model(self, name: str) -> ServedModel:
+        if name not in self.models:
+            raise ServeError("not_found", f"unknown model {name!r}; this server has {', '.join(self.models)}")
+        return self.models[name]
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.preprocess, fn, *args)
+
+    # ------------------------------------------------------------------ one request
+
+    @asynccontextmanager
+    async def counted(self, name: str) -> AsyncIterator[Counted]:
+        """One request's bookkeeping for every inference route of both protocols: the library's
+        errors become ServeErrors, and every request is counted by outcome with its time."""
+        started = time.perf_counter()
+        counted = Counted()
+        try:
+            yield counted
+        except (ProtocolError, UserError) as exc:
+            counted.outcome = "bad_request"
+            raise ServeError("invalid", str(exc)) from None
+        except ServeError as exc:
+            counted.outcome = KINDS[exc.kind].outcome
+            raise
+        except asyncio.CancelledError:  # a gRPC client cancelled, or its deadline passed
+            counted.outcome = "cancelled"
+            raise
+        finally:
+            self.metrics.record_request(name, counted.outcome, time.perf_counter() - started)
+
+    def refuse_early(self, name: str) -> None:
+        """Refuse before parsing when the queue is full or the server drains: an overloaded server
+        spends no CPU or memory on requests it would refuse anyway."""
+        try:
+            self.batchers[name].check_accepting()
+        except (QueueFull, Draining) as exc:
+            raise self._refusal(exc) from None
+
+    def _refusal(self, exc: Exception) -> ServeError:
+        kind = "queue_full" if isinstance(exc, QueueFull) else "draining"
+        return ServeError(kind, f"{exc}; retry later", self.settings.retry_after_s)
+
+    async def infer(self, model: ServedModel, request: InferRequest, counted: Counted,
+                    timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """A parsed inference request -> its outputs by name (both protocols)."""
+        if len(request.inputs) != 1:
+            given = ", ".join(repr(t.name) for t in request.inputs) or "none"
+            raise ProtocolError(f"model {model.name!r} takes exactly one input per request (given: {given}): "
+                                f"{model.accepted_inputs()}")
+        unknown = [o for o in request.outputs if o not in OUTPUTS]
+        if unknown:
+            raise ProtocolError(f"model {model.name!r} has no output {unknown[0]!r}; it has {', '.join(OUTPUTS)}")
+        try:
+            self.batchers[model.name].check_size(request.inputs[0].batch)  # before decoding what would be refused
+        except ValueError as exc:
+            raise ServeError("invalid", str(exc)) from None
+        item, count = await self.in_thread(model.prepare_tensor, request.inputs[0])
+        result = await self.submit(model.name, item, count, timeout_s)
+        counted.outcome = "success"
+        return {name: result[name] for name in request.outputs or OUTPUTS}
+
+    async def submit(self, name: str, item: Any, count: int, timeout_s: float | None = None) -> Any:
+        """Queue one request's item on its model's batcher; refusals and failures become ServeErrors."""
+        timeout = self.settings.timeout_s if timeout_s is None else min(timeout_s, self.settings.timeout_s)
+        try:
+            return await self.batchers[name].submit(item, count, timeout)
+        except (QueueFull, Draining) as exc:
+            raise self._refusal(exc) from None
+        except ValueError as exc:  # bigger than --max-batch
+            raise ServeError("invalid", str(exc)) from None
+        except asyncio.TimeoutError:
+            raise ServeError("timeout", f"no answer within {timeout:g} s (--timeout-s "
+                             f"{self.settings.timeout_s:g}, or the client's deadline)") from None
+        except Exception as exc:  # a failed batch: an error for its requests, the server goes on
+            log.exception("model %s: inference failed", name)
+            raise ServeError("internal", f"inference failed: {type(exc).__name__}: {exc}") from None
+
+    # ------------------------------------------------------------------ the protocol's answers
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+
+    def model_config(self, name: str) -> dict[str, Any]:
+        """The model's configuration in Triton's ModelConfig form (what clients read max_batch_size,
+        inputs and batching from), with inceptionlab's own facts (precision, provider, the inputs it
+        accepts, class labels) in `parameters`."""
+        model, settings = self.model(name), self.settings
+        meta = model.metadata()
+        return {
+            "name": model.name,
+            "platform": meta["platform"],
+            "backend": model.backend,
+            "max_batch_size": model.max_batch,
+            "input": [_config_input(spec) for spec in meta["inputs"]],
+            "output": [{"name": o["name"], "data_type": config_data_type(o["datatype"]), "dims": o["shape"][1:]}
+                       for o in meta["outputs"]],
+            "dynamic_batching": {
+                "preferred_batch_size": model.buckets,
+                "max_queue_delay_microseconds": int(settings.max_delay_ms * 1000),
+                "default_queue_policy": {"max_queue_size": settings.max_queue,
+                                         "default_timeout_microseconds": int(settings.timeout_s * 1e6)},
+            },
+            "instance_group": [{"count": len(model.engines), "kind": _instance_kind(model.provider)}],
+            "parameters": {key: {"string_value": value} for key, value in (
+                ("precision", model.precision), ("provider", model.provider),
+                ("accepted_inputs", model.accepted_inputs()),
+                ("labels", "\n".join(model.spec.labels)))},  # one per line in index order, as labels.txt
+        }
+
+    def model_stats(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Triton's statistics extension, per model (all models without a name), read from the same
+        counters /metrics shows. Compute time covers a batch's input preparation, the model and its
+        outputs, all reported as compute_infer (compute_input/output count alike, 0 ns): perf_analyzer
+        requires the three counts to be equal."""
+        names = [self.model(name).name] if name else list(self.models)
+        return [self._stats_of(n) for n in names]
+
+    def _stats_of(self, name: str) -> dict[str, Any]:
+        f = self.metrics.figures(name)
+        computed = {"count": f.executed_requests, "ns": _ns(f.compute_seconds)}
+        return {
+            "name": name, "version": "1", "last_inference": int(f.last_inference_s * 1000),
+            "inference_count": f.inferences, "execution_count": f.executions,
+            "inference_stats": {
+                "success": {"count": f.successes, "ns": _ns(f.success_seconds)},
+                "fail": {"count": f.requests - f.successes, "ns": _ns(f.request_seconds - f.success_seconds)},
+                "queue": {"count": f.executed_requests, "ns": _ns(f.queue_seconds)},
+                "compute_input": {"count": f.executed_requests, "ns": 0},
+                "compute_infer": computed,
+                "compute_output": {"count": f.executed_requests, "ns": 0},
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "batch_stats": [],
+        }
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Triton's repository index: every served model, READY until the drain begins."""
+        state, reason = ("READY", "") if self.accepting else ("UNAVAILABLE", "the server is shutting down")
+        if ready_only and state != "READY":
+            return []
+        return [{"name": name, "version": "1", "state": state, "reason": reason} for name in self.models]
+
+
+def _config_input(spec: dict[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": spec["name"], "data_type": config_data_type(spec["datatype"]),
+                             "dims": spec["shape"][1:]}
+    if len(entry["dims"]) == 3:
+        entry["format"] = "FORMAT_NCHW"
+    if spec["name"] in (IMAGE_INPUT, ENCODED_INPUT):  # a request gives exactly one of the two
+        entry["optional"] = True
+    return entry
+
+
+def _instance_kind(provider: str) -> str:
+    return "KIND_CPU" if "cpu" in provider.lower() or "openvino" in provider.lower() else "KIND_GPU"
+
+
+def _ns(seconds: float) -> int:
+    return max(0, round(seconds * 1e9))

@@ -1,0 +1,222 @@
+"""The docs site builds offline in strict mode, its CLI reference is the program's own help, and the
+benchmark result files round-trip into the performance tables."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+mkdocs_config = pytest.importorskip("mkdocs.config", reason="mkdocs is in the docs extra (part of the test extra)")
+
+
+def load_module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = load_module(REPO / "docs" / "hooks" / "generated.py", "docs_hooks_generated")
+results = load_module(REPO / "benchmarks" / "_results.py", "benchmark_results")
+
+
+def refuse_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt to open a connection fails the test: the build must work offline."""
+    def refuse(self, address):
+        raise AssertionError(f"the docs build tried to connect to {address}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setenv("NO_MKDOCS_2_WARNING", "1")  # Material's end-of-life banner
+
+
+def build_site(config_file: Path, site: Path) -> None:
+    """`mkdocs build --strict`, in this process so that the network can be refused."""
+    from mkdocs.commands.build import build
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        refuse_network(monkeypatch)
+        build(mkdocs_config.load_config(config_file=str(config_file), site_dir=str(site), strict=True))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("docs") / "site"
+    build_site(REPO / "mkdocs.yml", folder)
+    return folder
+
+
+def command_paths() -> list[tuple[list[str], object]]:
+    import typer.main
+
+    return [(path, command) for path, command, _ in hooks.walk(typer.main.get_command(hooks.typer_app()), ["inceptionlab"])]
+
+
+def test_the_site_builds_in_strict_mode_offline_with_every_page(site):
+    pages = {p.relative_to(REPO / "docs").with_suffix("") for p in (REPO / "docs").rglob("*.md")}
+    built = {p.relative_to(site).parent for p in site.rglob("index.html")}
+    assert {Path(".") if p.name == "index" else p for p in pages} <= built
+    html = "\n".join(p.read_text() for p in site.rglob("*.html"))
+    assert "fonts.googleapis.com" not in html and "fonts.gstatic.com" not in html
+    assert "<!-- cli-reference -->" not in html and "<!-- results:" not in html  # every marker expanded
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    from mkdocs.exceptions import Abort
+
+    for name in ("docs", "mkdocs.yml", "benchmarks/_results.py"):
+        target = tmp_path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, target)
+    with open(tmp_path / "docs" / "index.md", "a") as page:
+        page.write("\n[a page that does not exist](no-such-page.md)\n")
+
+    with pytest.raises(Abort):
+        build_site(tmp_path / "mkdocs.yml", tmp_path / "site")
+
+
+def test_the_cli_reference_holds_every_command_and_option():
+    reference = hooks.cli_reference(hooks.typer_app())
+    sections = dict(re.findall(r"^## (.+?)\n\n```text\n(.*?)\n```", reference, flags=re.S | re.M))
+
+    paths = command_paths()
+    assert {" ".join(path) for path, _ in paths} == set(sections)
+    assert "inceptionlab data tiny-imagenet" in sections  # a nested group's command is reached too
+    for path, command in paths:
+        text = sections[" ".join(path)]
+        assert text.startswith(f"Usage: {' '.join(path)} ")
+        assert "╭" not in text  # plain text, not Rich's boxes
+        for param in command.params:
+            for option in param.opts if param.param_type_name == "option" else []:
+                assert option in text, f"{' '.join(path)}: {option} missing from its reference"
+
+
+def test_the_cli_page_is_the_generated_reference(site):
+    page = (site / "cli" / "index.html").read_text()
+
+    for path, _ in command_paths():
+        assert f"Usage: {' '.join(path)} " in page
+
+
+FAKE_ENV = {"device": "cpu", "device_name": "Test(R) CPU 9000", "cpu": "Test(R) CPU 9000", "cpu_capability": "AVX2",
+            "cpu_count": 2, "torch_threads": 2, "versions": {"torch": "9.9"}, "time": "2030-01-01T00:00:00",
+            "load_average": 0.5}
+COLUMNS = [("config", "configuration"), ("img_per_s", "img/s", ".1f"), ("agreement", "agreement")]
+
+
+def test_write_result_writes_rows_columns_command_and_environment(tmp_path):
+    path = results.write_result("train_throughput", [{"config": "plain", "img_per_s": 3.7615}], title="a step",
+                                columns=COLUMNS, settings={"batch": 16}, folder=tmp_path, env=FAKE_ENV)
+
+    assert re.fullmatch(r"train_throughput--test-cpu-9000--\d{8}-\d{6}\.json", path.name)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written atomically: no temp file left
+    record = json.loads(path.read_text())
+    assert record["rows"] == [{"config": "plain", "img_per_s": 3.7615}]
+    assert record["env"] == FAKE_ENV and record["settings"] == {"batch": 16} and record["title"] == "a step"
+    assert record["columns"] == [list(c) for c in COLUMNS]
+    assert record["command"].startswith("python ")
+
+
+def test_write_result_records_this_machines_environment(tmp_path):
+    path = results.write_result("bench", [], title="t", columns=COLUMNS, settings={}, folder=tmp_path)
+
+    env = json.loads(path.read_text())["env"]
+    from inceptionlab.runtime import environment
+
+    assert set(env) == set(environment("cpu"))  # the one environment record, as env.json has it
+    assert path.name.startswith(f"bench--{results.machine_slug(env)}--")
+
+
+def result_file(folder: Path, benchmark: str, machine: str, stamp: str, rows: list[dict]) -> None:
+    env = {**FAKE_ENV, "device_name": machine, "cpu": machine}
+    record = {"schema": results.SCHEMA, "benchmark": benchmark, "title": f"{benchmark} title",
+              "command": f"python benchmarks/{benchmark}.py", "settings": {}, "columns": [list(c) for c in COLUMNS],
+              "rows": rows, "env": env}
+    (folder / f"{benchmark}--{results.machine_slug(env)}--{stamp}.json").write_text(json.dumps(record))
+
+
+def test_render_draws_the_newest_table_per_machine_each_naming_its_machine(tmp_path):
+    result_file(tmp_path, "inference", "AMD EPYC 7763", "20300101-000000", [{"config": "old", "img_per_s": 1.0}])
+    result_file(tmp_path, "inference", "AMD EPYC 7763", "20300102-000000",
+                [{"config": "eager", "img_per_s": 11.44, "agreement": None}])
+    result_file(tmp_path, "inference", "Intel(R) Xeon(R) Platinum 8480+", "20300101-000000",
+                [{"config": "openvino", "img_per_s": 177.81, "agreement": True}])
+    result_file(tmp_path, "serve", "AMD EPYC 7763", "20300101-000000", [{"config": "unbatched", "img_per_s": 2.0}])
+    (tmp_path / "README.md").write_text("not a result")
+
+    text = results.render_benchmark("inference", tmp_path)
+
+    assert "**AMD EPYC 7763 (AVX2, 2 cores, 2 torch threads)**: inference title" in text
+    assert "**Intel(R) Xeon(R) Platinum 8480+ (AVX2" in text
+    assert "| eager | 11.4 | - |" in text and "| openvino | 177.8 | yes |" in text
+    assert "| old |" not in text and "unbatched" not in text  # an older file and another benchmark
+    assert "|---|---:|---|" in text  # formatted columns right-aligned
+    assert "`python benchmarks/inference.py`" in text and "torch 9.9" in text
+
+
+def test_render_says_plainly_when_there_are_no_results(tmp_path):
+    text = results.render_benchmark("inference", tmp_path)
+
+    assert text.startswith("*No results yet.*") and "python benchmarks/inference.py" in text
+
+
+def test_render_refuses_a_result_file_of_another_schema(tmp_path):
+    (tmp_path / "inference--cpu--20300101-000000.json").write_text(json.dumps({"schema": 99}))
+
+    with pytest.raises(ValueError, match="inference--cpu--20300101-000000.json: result schema 99"):
+        results.render_benchmark("inference", tmp_path)
+
+
+def test_every_benchmark_that_writes_results_has_a_table_on_the_performance_page():
+    written = {m for script in (REPO / "benchmarks").glob("*.py")
+               for m in re.findall(r'write_result\(\s*"([a-z0-9_]+)"', script.read_text())}
+    shown = set(re.findall(r"<!-- results: ([a-z0-9_]+) -->", (REPO / "docs" / "performance.md").read_text()))
+
+    assert written == shown
+    assert all((REPO / "benchmarks" / f"{name}.py").exists() for name in shown)
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The ids Python-Markdown's toc (MkDocs) gives a page's headings; GitHub's differ only in cases unused here."""
+    from markdown.extensions.toc import slugify
+
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), flags=re.M)
+    return {slugify(re.sub(r"[`*]", "", heading), "-") for heading in headings}
+
+
+def test_the_readme_links_only_to_pages_and_headings_that_exist():
+    """The README is not part of the site, so the strict build does not check its links: this does."""
+    readme = (REPO / "README.md").read_text()
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"[a-z]+:", t)]
+
+    assert len(targets) > 10  # the README is a landing page: it links into the docs
+    for target in targets:
+        path, _, anchor = target.partition("#")
+        assert (REPO / path).is_file(), f"README links to {target}: no such file"
+        if anchor:
+            assert anchor in heading_anchors(REPO / path), f"README links to {target}: no such heading"
+
+
+def test_a_benchmark_run_writes_a_result_the_performance_page_renders(tmp_path):
+    """The smallest run of a real benchmark script: its file carries rows and machine, and renders."""
+    env = {**os.environ, results.RESULTS_ENV: str(tmp_path), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "train_throughput.py"), "--size", "75", "--batch", "2",
+                    "--steps", "1", "--warmup", "1", "--configs", "plain"], env=env, check=True, capture_output=True,
+                   timeout=240)
+
+    (path,) = tmp_path.glob("train_throughput--*.json")
+    record = json.loads(path.read_text())
+    assert [row["config"] for row in record["rows"]] == ["plain"] and record["rows"][0]["img_per_s"] > 0
+    assert record["env"]["cpu"] and record["env"]["versions"]["torch"]
+    table = results.render_benchmark("train_throughput", tmp_path)
+    assert f"**{record['env']['cpu']} (" in table and "| plain | fp32 |" in table
