@@ -205,7 +205,7 @@ def built(monkeypatch):
     def build(recipe):
         s = real_build(recipe)
         seen.session = s
-        if not recipe.train.compile:  # hooks would be traced into the compiled graph
+        if not s.recipe.train.compile:  # hooks would be traced into the compiled graph (`auto` resolved by now)
             for module in s.model.modules():
                 if isinstance(module, (nn.Conv2d, nn.Linear)):
                     module.register_forward_hook(record_dtype)

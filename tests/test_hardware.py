@@ -69,6 +69,14 @@ def test_bf16_gpus_train_in_bf16_not_fp16():
     assert {c.precision for c in candidates} == {"fp32", "bf16"}
 
 
+def test_inceptionlab_auto_safe_resolves_auto_to_the_safe_configuration_without_timing():
+    candidates, reasons = hardware.plan_candidates(ZEN4, Wanted(precision=AUTO, channels_last=True), training=True,
+                                                   env={"INCEPTIONLAB_AUTO": "safe"})
+    assert candidates == [Candidate("fp32", True, False)]  # what was set stays set
+    decision = hardware.decide(candidates, fake_measure({}), ruled_out=reasons)
+    assert decision.source == "safe" and "INCEPTIONLAB_AUTO=safe" in decision.line()
+
+
 def test_a_fake_gfx1100_keeps_nchw_unless_channels_last_measures_faster():
     slower_nhwc = {"fp32 nchw": 100, "fp32 channels_last": 40, "bf16 nchw": 150, "bf16 channels_last": 60}
     assert decide_for(GFX1100, slower_nhwc)[0].choice == Candidate("bf16", False)
@@ -336,9 +344,10 @@ def small_cnn() -> torch.nn.Module:
                                torch.nn.Flatten(), torch.nn.Linear(8, 4))
 
 
-def test_a_real_inference_calibration_is_bounded_honours_the_probe_and_is_reused(tmp_path: Path):
+def test_a_real_inference_calibration_is_bounded_honours_the_probe_and_is_reused(tmp_path: Path, monkeypatch):
     from inceptionlab.infer.speed import decide_inference
 
+    monkeypatch.setenv("INCEPTIONLAB_AUTO", "measure")
     cache = SpeedCache(tmp_path)
     started = time.perf_counter()
     first = decide_inference(small_cnn(), "small", (3, 16, 16), 4, torch.device("cpu"), cache=cache)

@@ -40,6 +40,9 @@ from inceptionlab.fileio import atomic_write_json
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
+# INCEPTIONLAB_AUTO=safe: `auto` means fp32, NCHW, eager without probing or timing (figures comparable
+# across machines; the test suite runs so). Unset or `measure`: probe and calibrate.
+AUTO_ENV = "INCEPTIONLAB_AUTO"
 
 # A candidate must run at least this much faster than the safe configuration to be chosen: smaller
 # gains are within the run-to-run noise of a 2-core CPU (identical runs drifted 5-10% there).
@@ -80,17 +83,6 @@ class DeviceFacts:
         return f"{self.name} ({self.arch}; {', '.join(units) or 'fp32 only'})"
 
 
-def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 def cpu_facts() -> DeviceFacts:
     """The CPU as torch's kernels will use it.
 
@@ -99,7 +91,7 @@ def cpu_facts() -> DeviceFacts:
     """
     import torch  # start-up time: callers that only need the name (loadtest) never pay for torch
 
-    from inceptionlab.host import cpu_model_name
+    from inceptionlab.host import cpu_flags, cpu_model_name
 
     capability = _cpu_capability(torch)
     bf16 = _mkldnn_supports(torch, "bf16")
@@ -266,6 +258,8 @@ def plan_candidates(facts: DeviceFacts, wanted: Wanted, *, training: bool, long_
     Returns (candidates, {what: why it was ruled out or forced}).
     """
     env = os.environ if env is None else env
+    if env.get(AUTO_ENV, "").strip().lower() == "safe":
+        return [_safe_for(wanted)], {"auto": f"{AUTO_ENV}=safe: fp32, NCHW, eager wherever not set"}
     reasons: dict[str, str] = {}
     if wanted.precision == AUTO:
         precisions, ruled_out = precision_options(facts, training)
@@ -287,6 +281,12 @@ def plan_candidates(facts: DeviceFacts, wanted: Wanted, *, training: bool, long_
         compiles = [bool(wanted.compile)]
     candidates = [Candidate(p, cl, c) for p in precisions for cl in layouts for c in compiles]
     return candidates, reasons
+
+
+def _safe_for(wanted: Wanted) -> Candidate:
+    pick = lambda value, safe: safe if value == AUTO else value  # noqa: E731
+    return Candidate(pick(wanted.precision, "fp32"), bool(pick(wanted.channels_last, False)),
+                     bool(pick(wanted.compile, False)))
 
 
 def baseline_of(candidates: list[Candidate]) -> Candidate:
@@ -463,7 +463,7 @@ class Decision:
     def summary(self) -> str:
         figures = ", ".join(f"{label} {ips:.1f}" for label, ips in sorted(self.img_per_s.items(), key=lambda kv: -kv[1]))
         how = {"measured": f"measured in {self.seconds:.1f} s", "cached": "cached measurement",
-               "probe": "probe only", "pinned": "as set"}[self.source]
+               "probe": "probe only", "pinned": "as set", "safe": f"{AUTO_ENV}=safe"}[self.source]
         at = f" at batch {self.batch}" if self.batch else ""
         evidence = f"; img/s{at}: {figures}" if figures else ""
         dropped = [f"{k}: {v}" for k, v in self.ruled_out.items() if k in ("bf16", "fp16")]
@@ -498,7 +498,8 @@ def decide(candidates: list[Candidate], measure: Measure | None, *, key: CacheKe
     ruled = dict(ruled_out or {})
     baseline = baseline_of(candidates)
     if len(candidates) == 1:
-        return Decision(candidates[0], {}, ruled, "pinned" if not ruled else "probe")
+        source = "safe" if "auto" in ruled else "probe" if ruled else "pinned"
+        return Decision(candidates[0], {}, ruled, source)
     known = {} if (fresh or key is None or cache is None) else cache.load(key)
     missing = [c for c in candidates if c.label not in known] if measure is not None else []
     started = clock()
@@ -655,6 +656,10 @@ class ThreadGovernor:
         self.set_threads(self.threads)
         self.last = None if fixed else sample()
         self.changes = 0
+
+    def describe(self) -> str:
+        how = "fixed" if self.fixed else "fewer while other processes keep CPUs busy"
+        return f"threads: {self.threads} ({how})"
 
     def others(self) -> float | None:
         """CPUs' worth of time other processes used since the last call (None: unknown)."""

@@ -94,6 +94,8 @@ def environment(device: torch.device | str, world_size: int = 1) -> dict[str, An
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else host.cpu_model_name(),
         "cpu_capability": cpu_capability(),
+        # oneDNN's own answer (it honours ONEDNN_MAX_CPU_ISA): bf16 autocast is native, not emulated.
+        "cpu_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) if torch.backends.mkldnn.is_available() else False,
         "torch_threads": torch.get_num_threads(),
         "world_size": world_size,
     }

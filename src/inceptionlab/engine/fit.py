@@ -145,6 +145,8 @@ def _start(r: _Run, resume: Path | None) -> ResumePoint:
     r.artifacts.start(r.s, start if resume is not None else None)
     for note in r.s.notes:
         r.report.say(note)
+    if r.s.threads is not None:
+        r.s.threads.say = r.report.say  # a change of thread count is said where progress is
     r.report.say(f"run directory: {r.artifacts.run.path}")
     return start
 
@@ -155,7 +157,7 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
     s.train_loader.set_epoch(epoch, start=first_step * s.recipe.train.batch_size)
     steps_in_epoch = first_step + len(s.train_loader)
     loader = r.report.wrap(s.train_loader, epoch + 1, epochs, first_step)
-    log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log)
+    log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log, _governor(s))
     r.lr = s.optimizer.param_groups[0]["lr"]
     try:
         return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
@@ -168,6 +170,11 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
         ) from None
     finally:
         r.report.close_bar()
+
+
+def _governor(s: TrainingSession) -> Callable[..., Any] | None:
+    """Re-sizes torch's thread pool at each log interval (a host sync the loop makes anyway)."""
+    return s.threads.update if s.threads is not None else None
 
 
 def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, result: EpochResult) -> bool:
@@ -183,6 +190,8 @@ def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, resu
 def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
     """Evaluate, then record the epoch: metrics row, best tracking, checkpoints, the epoch line."""
     s = r.s
+    if s.threads is not None:
+        s.threads.update()  # the load may have changed during the epoch
     val = evaluate(s.runner, s.val_loader, s.task, s.settings)
     row = _epoch_row(epoch, s, result, val, r.lr)
     r.last = _eval_summary(epoch, s, val)

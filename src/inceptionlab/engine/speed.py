@@ -72,6 +72,8 @@ def decide_training(recipe: Recipe, model: nn.Module, task: Any, device: torch.d
     if not _has_convolutions(model) and want.channels_last == hardware.AUTO:
         want = replace(want, channels_last=False)  # no convolution reads the memory format
     candidates, reasons = hardware.plan_candidates(facts, want, training=True, long_run=shape.steps >= COMPILE_MIN_STEPS)
+    if len(candidates) == 1:  # nothing left to choose: no key, no FLOP count, no timing
+        return hardware.decide(candidates, None, ruled_out=reasons)
     batch = calibration_batch(model, shape, recipe.train.batch_size, device)
     key = hardware.make_key("train", facts, recipe.model.name, shape.input_shape, batch,
                             extra=f"{recipe.task}/{recipe.optim.name}/aux={recipe.model.aux_loss_weight is not None}")
