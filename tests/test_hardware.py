@@ -357,3 +357,59 @@ def test_a_real_inference_calibration_is_bounded_honours_the_probe_and_is_reused
         assert all(not label.startswith("bf16") for label in first.img_per_s) and first.choice.precision == "fp32"
     again = decide_inference(small_cnn(), "small", (3, 16, 16), 4, torch.device("cpu"), cache=cache)
     assert again.source == "cached" and again.choice == first.choice and again.img_per_s == first.img_per_s
+
+
+def test_bench_auto_asks_each_runtime_for_the_precisions_this_device_has_units_for():
+    from inceptionlab.infer.bench import Config, plan
+
+    zen3 = plan(["eager", "onnxruntime"], ["auto"], ["auto"], ZEN3)
+    assert {c.precision for c in zen3} == {"fp32"}  # no emulated bf16
+    assert Config("eager", "fp32", "channels_last") in zen3 and Config("eager", "fp32", "nchw") == zen3[0]
+    zen4 = plan(["eager", "onnxruntime"], ["auto"], ["nchw"], ZEN4)
+    assert Config("eager", "bf16", "nchw") in zen4
+    assert not any(c.backend == "onnxruntime" and c.precision == "bf16" for c in zen4)  # it has no bf16 path
+    named = plan(["onnxruntime"], ["bf16"], ["nchw"], ZEN4)
+    assert [c.precision for c in named] == ["bf16"]  # named: measured or reported skipped, never dropped
+
+
+# ------------------------------------------------------------------------------- serving plans
+
+
+def test_serve_plans_cover_instances_up_to_the_cpus_and_keep_what_the_user_set():
+    assert [p.label for p in hardware.serve_plans(2, False, None, None)] == ["1x1", "1x32", "2x1", "2x32"]
+    assert [p.label for p in hardware.serve_plans(16, False, None, 8)] == ["1x8", "2x8", "4x8"]
+    assert [p.label for p in hardware.serve_plans(2, False, 2, None)] == ["2x1", "2x32"]
+    assert [p.label for p in hardware.serve_plans(64, True, None, None)] == ["1x1", "1x32"]  # one GPU
+    assert hardware.instance_threads(2, 2) == 1 and hardware.instance_threads(16, 3) == 5
+    assert hardware.instance_threads(2, 4) == 1  # never zero
+
+
+def test_a_serving_plan_must_beat_one_unbatched_instance_by_the_batching_margin():
+    plans = hardware.serve_plans(2, False, None, None)
+    little_gain = {"1x1": 20.0, "1x32": 22.0, "2x1": 23.0, "2x32": 24.0}  # at most 1.2x: serve unbatched
+    decision = hardware.decide_serving(plans, lambda plan, s: little_gain[plan.label], cpus=2, gpu=False)
+    assert decision.plan == hardware.ServePlan(1, 1) and decision.max_delay_ms == 0.0
+    assert decision.threads == 2
+    big_gain = {"1x1": 20.0, "1x32": 60.0, "2x1": 30.0, "2x32": 50.0}
+    decision = hardware.decide_serving(plans, lambda plan, s: big_gain[plan.label], cpus=2, gpu=False)
+    assert decision.plan == hardware.ServePlan(1, 32)
+    assert decision.max_delay_ms == 5.0  # 10% of one 50 ms inference (20 img/s)
+    assert "1 instance(s), 2 thread(s) each, max batch 32" in decision.line()
+    two = {"1x1": 20.0, "1x32": 22.0, "2x1": 34.0, "2x32": 30.0}
+    decision = hardware.decide_serving(plans, lambda plan, s: two[plan.label], cpus=2, gpu=False)
+    assert decision.plan == hardware.ServePlan(2, 1) and decision.threads == 1
+
+
+def test_a_serving_decision_is_cached_per_key(tmp_path: Path):
+    cache = SpeedCache(tmp_path)
+    plans = hardware.serve_plans(2, False, None, None)
+    key = _key(purpose="serve", extra="openvino/fp32")
+    calls: list[str] = []
+
+    def measure(plan, seconds):
+        calls.append(plan.label)
+        return {"1x1": 20.0, "1x32": 60.0, "2x1": 30.0, "2x32": 50.0}[plan.label]
+
+    first = hardware.decide_serving(plans, measure, cpus=2, gpu=False, key=key, cache=cache)
+    again = hardware.decide_serving(plans, measure, cpus=2, gpu=False, key=key, cache=cache)
+    assert len(calls) == 4 and again.source == "cached" and again.plan == first.plan
