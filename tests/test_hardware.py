@@ -359,9 +359,10 @@ def test_a_real_inference_calibration_is_bounded_honours_the_probe_and_is_reused
     assert again.source == "cached" and again.choice == first.choice and again.img_per_s == first.img_per_s
 
 
-def test_bench_auto_asks_each_runtime_for_the_precisions_this_device_has_units_for():
+def test_bench_auto_asks_each_runtime_for_the_precisions_this_device_has_units_for(monkeypatch):
     from inceptionlab.infer.bench import Config, plan
 
+    monkeypatch.setenv("INCEPTIONLAB_AUTO", "measure")
     zen3 = plan(["eager", "onnxruntime"], ["auto"], ["auto"], ZEN3)
     assert {c.precision for c in zen3} == {"fp32"}  # no emulated bf16
     assert Config("eager", "fp32", "channels_last") in zen3 and Config("eager", "fp32", "nchw") == zen3[0]
@@ -370,6 +371,8 @@ def test_bench_auto_asks_each_runtime_for_the_precisions_this_device_has_units_f
     assert not any(c.backend == "onnxruntime" and c.precision == "bf16" for c in zen4)  # it has no bf16 path
     named = plan(["onnxruntime"], ["bf16"], ["nchw"], ZEN4)
     assert [c.precision for c in named] == ["bf16"]  # named: measured or reported skipped, never dropped
+    monkeypatch.setenv("INCEPTIONLAB_AUTO", "safe")
+    assert plan(["eager"], ["auto"], ["auto"], ZEN4) == [Config("eager", "fp32", "nchw")]
 
 
 # ------------------------------------------------------------------------------- serving plans

@@ -208,7 +208,7 @@ def precision_options(facts: DeviceFacts, training: bool) -> tuple[list[str], di
     else:
         ruled_out["bf16"] = _no_bf16_reason(facts)
     if facts.kind == "cpu":
-        ruled_out["fp16"] = "fp16 autocast on a CPU is for inference on AMX-FP16 parts only"
+        pass  # fp16 autocast on a CPU pays only on AMX-FP16 parts, for inference: never an auto candidate
     elif facts.fp16 and not (facts.bf16 and training):
         # Where bf16 exists it is preferred for training: fp32's range, no loss scaling.
         options.append("fp16")
@@ -257,9 +257,9 @@ def plan_candidates(facts: DeviceFacts, wanted: Wanted, *, training: bool, long_
 
     Returns (candidates, {what: why it was ruled out or forced}).
     """
-    env = os.environ if env is None else env
-    if env.get(AUTO_ENV, "").strip().lower() == "safe":
+    if auto_is_safe(env):
         return [_safe_for(wanted)], {"auto": f"{AUTO_ENV}=safe: fp32, NCHW, eager wherever not set"}
+    env = os.environ if env is None else env
     reasons: dict[str, str] = {}
     if wanted.precision == AUTO:
         precisions, ruled_out = precision_options(facts, training)
@@ -281,6 +281,11 @@ def plan_candidates(facts: DeviceFacts, wanted: Wanted, *, training: bool, long_
         compiles = [bool(wanted.compile)]
     candidates = [Candidate(p, cl, c) for p in precisions for cl in layouts for c in compiles]
     return candidates, reasons
+
+
+def auto_is_safe(env: Mapping[str, str] | None = None) -> bool:
+    """INCEPTIONLAB_AUTO=safe: `auto` is fp32, NCHW, eager, one serving instance; nothing is timed."""
+    return (os.environ if env is None else env).get(AUTO_ENV, "").strip().lower() == "safe"
 
 
 def _safe_for(wanted: Wanted) -> Candidate:
@@ -453,9 +458,10 @@ class Decision:
     choice: Candidate
     img_per_s: dict[str, float] = field(default_factory=dict)
     ruled_out: dict[str, str] = field(default_factory=dict)
-    source: str = "measured"  # measured | cached | probe | pinned
+    source: str = "measured"  # measured | cached | probe | pinned | safe
     seconds: float = 0.0
     batch: int | None = None  # the batch the candidates were timed at, when smaller than the run's
+    candidates: list[str] = field(default_factory=list)  # every label the probe allowed
 
     def line(self, what: str = "speed") -> str:
         return f"{what}: {self.summary()}"
@@ -466,6 +472,8 @@ class Decision:
                "probe": "probe only", "pinned": "as set", "safe": f"{AUTO_ENV}=safe"}[self.source]
         at = f" at batch {self.batch}" if self.batch else ""
         evidence = f"; img/s{at}: {figures}" if figures else ""
+        if self.source == "probe" and len(self.candidates) > 1:
+            how = f"the safe choice until measured; candidates {', '.join(self.candidates)}"
         dropped = [f"{k}: {v}" for k, v in self.ruled_out.items() if k in ("bf16", "fp16")]
         ruled = f"; ruled out {'; '.join(dropped)}" if dropped else ""
         return f"{self.choice.label} ({how}{evidence}{ruled})"
@@ -473,12 +481,12 @@ class Decision:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Decision:
         return cls(Candidate(**data["choice"]), dict(data["img_per_s"]), dict(data["ruled_out"]), data["source"],
-                   float(data["seconds"]), data.get("batch"))
+                   float(data["seconds"]), data.get("batch"), list(data.get("candidates", [])))
 
     def to_dict(self) -> dict[str, Any]:
         return {"choice": asdict(self.choice), "label": self.choice.label, "img_per_s": self.img_per_s,
                 "ruled_out": self.ruled_out, "source": self.source, "seconds": round(self.seconds, 2),
-                "batch": self.batch}
+                "batch": self.batch, "candidates": self.candidates}
 
 
 Measure = Callable[[Candidate, float], float | None]  # (candidate, seconds allowed) -> images/s or None
@@ -502,7 +510,8 @@ def decide(candidates: list[Candidate], measure: Measure | None, *, key: CacheKe
         return Decision(candidates[0], {}, ruled, source)
     started = clock()
     figures, source = measured_figures(candidates, measure, key, cache, fresh, budget_s, ruled, clock)
-    return Decision(pick(candidates, figures, baseline, margin), figures, ruled, source, clock() - started)
+    return Decision(pick(candidates, figures, baseline, margin), figures, ruled, source, clock() - started,
+                    candidates=[c.label for c in candidates])
 
 
 def measured_figures(candidates: list[Any], measure: Callable[[Any, float], float | None] | None,

@@ -70,17 +70,17 @@ def bench(
         return
     from inceptionlab.fileio import append_jsonl
     from inceptionlab.infer.bench import BenchSettings, parse_batches, parse_list, plan
-    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target
+    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, check_provider_name
     from inceptionlab.runtime import environment, resolve_device
 
     from inceptionlab import hardware
 
+    check_provider_name(provider)
     target = Target(str(resolve_device(device)), provider, tune)
     facts = hardware.device_facts(target.device)
     precisions = parse_list(precision, ("auto", *PRECISIONS), "--precision")
     configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), precisions,
                    parse_list(layout, ("auto", *TORCH_LAYOUTS), "--layout"), facts)
-    _announce(facts, precisions)
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
                              holdout, calibration, min_agreement, onnx)
     from inceptionlab.infer.bench import run_bench
@@ -95,6 +95,7 @@ def bench(
             for row in rows:
                 print(json.dumps(row), flush=True)
 
+    _announce(facts, precisions)  # after every option is checked: a bad one stays a one-line error
     report = run_bench(source, configs, settings, log=_log, on_rows=emit)
     env = environment(target.device)
     # Every option as parsed (defaults too, the output switches left out): rerunning it reproduces the row.

@@ -99,8 +99,9 @@ def auto_precisions(facts: hardware.DeviceFacts) -> tuple[list[str], dict[str, s
 
     int8 needs calibration images and an agreement check: it is measured when named, never by auto.
     """
-    options, ruled_out = hardware.precision_options(facts, training=False)
-    return options, ruled_out
+    if hardware.auto_is_safe():
+        return ["fp32"], {"auto": f"{hardware.AUTO_ENV}=safe"}
+    return hardware.precision_options(facts, training=False)
 
 
 def plan(backends: list[str], precisions: list[str], layouts: list[str],
@@ -114,7 +115,8 @@ def plan(backends: list[str], precisions: list[str], layouts: list[str],
     if "auto" in precisions:
         found, _ = auto_precisions(facts or hardware.cpu_facts())
     if "auto" in layouts:
-        layouts = [layout for layout in layouts if layout != "auto"] + list(TORCH_LAYOUTS)
+        auto_layouts = ["nchw"] if hardware.auto_is_safe() else list(TORCH_LAYOUTS)
+        layouts = [layout for layout in layouts if layout != "auto"] + auto_layouts
     precisions, layouts = list(dict.fromkeys(named + found)), list(dict.fromkeys(layouts))
     configs = []
     for backend in backends:

@@ -332,17 +332,22 @@ def ort_installed_providers() -> list[str]:
     return list(onnxruntime.get_available_providers())
 
 
+def check_provider_name(name: str) -> None:
+    """A one-line error for a provider name ONNX Runtime does not have (before anything is loaded)."""
+    if name == "rocm":
+        raise UserError("--provider rocm: ONNX Runtime removed its ROCm provider (1.23); use --provider migraphx")
+    if name != "auto" and name not in ORT_PROVIDERS:
+        raise UserError(f"--provider {name!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
+
+
 def choose_ort_provider(target: Target) -> OrtProvider:
     """The provider asked for, or the natural one for the device; missing: an error naming the fix."""
+    check_provider_name(target.provider)
     installed = ort_installed_providers()
     if target.provider == "auto":
         candidates = ["cpu"] if target.device_type == "cpu" else (["migraphx"] if torch.version.hip else ["cuda", "tensorrt"])
-    elif target.provider in ORT_PROVIDERS:
-        candidates = [target.provider]
-    elif target.provider == "rocm":
-        raise UserError("--provider rocm: ONNX Runtime removed its ROCm provider (1.23); use --provider migraphx")
     else:
-        raise UserError(f"--provider {target.provider!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
+        candidates = [target.provider]
     for name in candidates:
         if ORT_PROVIDERS[name].ep in installed:
             provider = ORT_PROVIDERS[name]

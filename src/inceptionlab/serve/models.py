@@ -21,7 +21,6 @@ explicit `--precision int8` that fails is an error.
 from __future__ import annotations
 
 import io
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -342,7 +341,7 @@ def decide_plan(opener: EngineOpener, settings: ModelLoadSettings) -> hardware.S
     device = torch.device(settings.device)
     cpus = hardware.usable_cpus()
     gpu = device.type == "cuda"
-    if os.environ.get(hardware.AUTO_ENV, "").strip().lower() == "safe":  # no timing: one instance, as set
+    if hardware.auto_is_safe():  # no timing: one instance, as set
         plan = hardware.ServePlan(settings.instances or 1, settings.max_batch or 1)
         delay = settings.max_delay_ms if settings.max_delay_ms is not None else (2.0 if plan.max_batch > 1 else 0.0)
         return hardware.ServeDecision(plan, delay, source="pinned",
