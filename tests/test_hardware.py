@@ -416,3 +416,17 @@ def test_a_serving_decision_is_cached_per_key(tmp_path: Path):
     first = hardware.decide_serving(plans, measure, cpus=2, gpu=False, key=key, cache=cache)
     again = hardware.decide_serving(plans, measure, cpus=2, gpu=False, key=key, cache=cache)
     assert len(calls) == 4 and again.source == "cached" and again.plan == first.plan
+
+
+def test_the_cli_points_miopen_at_a_writable_per_version_folder_before_torch_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "rocm_build_tag", lambda version=None: "rocm6.4")
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    chosen = hardware.prepare_process_environment(env)
+    assert env["MIOPEN_USER_DB_PATH"] == chosen["MIOPEN_USER_DB_PATH"] == str(tmp_path / "inceptionlab/miopen/rocm6.4/db")
+    assert Path(env["MIOPEN_CUSTOM_CACHE_DIR"]).is_dir() and Path(env["MIOPEN_USER_DB_PATH"]).is_dir()
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    if os.access(read_only, os.W_OK):  # root writes anywhere: the unwritable branch cannot be shown here
+        return
+    assert hardware.prepare_process_environment({"XDG_CACHE_HOME": str(read_only)}) == {}

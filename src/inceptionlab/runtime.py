@@ -70,9 +70,8 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.benchmark = False
-    elif torch.cuda.is_available():
-        torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN/MIOpen pick kernels
+    # cudnn.benchmark and TF32 are set per run by hardware.gpu_settings (on for NVIDIA, off for MIOpen's
+    # exhaustive search on ROCm), not switched here for the whole process.
 
 
 def cpu_capability() -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
@@ -118,6 +119,12 @@ def fit(recipe: Recipe, out: Path = Path("runs"), resume: Path | None = None, *,
         stop: StopSignal | None = None, on_log: Callable[[int, float], None] | None = None) -> Outcome:
     """Train `recipe`; returns where the run is and how it ended. Raises UserError on bad input."""
     s = build_training_session(recipe)
+    with hardware.gpu_settings(hardware.device_facts(s.device), s.recipe.train.precision, recipe.train.deterministic):
+        return _fit(s, recipe, out, resume, progress, stop, on_log)
+
+
+def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, progress: bool | None,
+         stop: StopSignal | None, on_log: Callable[[int, float], None] | None) -> Outcome:
     r = _Run(s, open_artifacts(s, out, resume), Reporter(s.dist.is_main, progress),
              BestTracker(recipe.train.best_metric, min_delta=recipe.train.early_stop_min_delta), stop or StopSignal(), on_log)
     start = _start(r, resume)
@@ -242,7 +249,7 @@ def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[st
         "val_top1": val["top1"],
         **({"val_top5": val["top5"]} if "top5" in val else {}),
         "lr": lr,
-        "images_per_s": result.samples * s.dist.world_size / max(result.seconds, 1e-9),
+        "images_per_s": result.images_per_s * s.dist.world_size,  # each epoch's first step left out
         "epoch_seconds": result.seconds,
         "val_seconds": val["seconds"],
         "samples": result.samples * s.dist.world_size,  # padded shards repeat a few train samples

@@ -104,9 +104,12 @@ def _training_measure(recipe: Recipe, model: nn.Module, task: Any, device: torch
                       batch: int) -> hardware.Measure:
     inputs, targets = synthetic_batch(shape, batch, device, recipe.task)
 
+    facts = hardware.device_facts(device)
+
     def measure(candidate: hardware.Candidate, seconds: float) -> float | None:
         step = training_step(recipe, model, task, device, candidate, inputs, targets)
-        return hardware.time_steps(step, batch, seconds)
+        with hardware.gpu_settings(facts, candidate.precision, recipe.train.deterministic):  # as the run will
+            return hardware.time_steps(step, batch, seconds)
 
     return measure
 
