@@ -68,7 +68,8 @@ def doctor(
     if json_output:
         typer.echo(json.dumps({**report.to_dict(), "speed_settings": [row.to_dict() for row in speed]}, indent=2))
     else:
-        typer.echo("\n".join(format_report(report) + [""] + format_rows(speed)))
+        lines = format_report(report)
+        typer.echo("\n".join(lines[:-1] + [""] + format_rows(speed) + [""] + lines[-1:]))  # the verdict last
     if not report.ok:
         raise typer.Exit(1)
 
