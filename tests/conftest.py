@@ -13,6 +13,17 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("INCEPTIONLAB_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def speed_settings_of_the_suite(tmp_path_factory):
+    """`auto` speed settings resolve to fp32, NCHW, eager without timing (INCEPTIONLAB_AUTO=safe), so
+    results do not depend on the CPU a test runs on, and measurements never touch the user's cache.
+    Tests of `auto` itself set INCEPTIONLAB_AUTO=measure (and a cache of their own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("INCEPTIONLAB_AUTO", "safe")
+        patch.setenv("INCEPTIONLAB_CACHE", str(tmp_path_factory.mktemp("inceptionlab-cache")))
+        yield
+
+
 @dataclass
 class CliResult:
     code: int

@@ -64,7 +64,8 @@ def test_results_file_records_command_versions_device_and_settings(run_and_image
     lines = results.read_text().splitlines()
     assert len(lines) == before + 2
     row = json.loads(lines[-1])
-    assert row["command"].startswith(f"inceptionlab bench {run_dir} --backend eager --precision fp32")
+    assert row["command"].startswith(f"inceptionlab bench {run_dir} --backend eager --precision auto "
+                                     "--layout nchw,channels_last")
     assert row["env"]["versions"]["torch"] == version("torch")  # the installed distribution, e.g. 2.14.1+cpu
     assert row["env"]["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert row["env"]["device"] == "cpu" and row["env"]["torch_threads"] >= 1 and row["env"]["cpu"]

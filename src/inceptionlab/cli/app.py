@@ -39,6 +39,10 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Before any command imports torch: MIOpen reads its cache locations once, at load (hardware.py).
+    from inceptionlab.hardware import prepare_process_environment
+
+    prepare_process_environment()
     try:
         app(args=argv, prog_name="inceptionlab", standalone_mode=True)
     except UserError as exc:

@@ -18,6 +18,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # processes on this node: they share its CPUs
 
     @property
     def enabled(self) -> bool:
@@ -33,7 +34,8 @@ def init_distributed(device_type: str) -> DistInfo:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    info = DistInfo(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")),
+                    int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))))
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":

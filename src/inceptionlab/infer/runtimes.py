@@ -53,6 +53,9 @@ class Target:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N" from runtime.resolve_device (a ROCm GPU is "cuda" too)
     provider: str = "auto"  # ONNX Runtime execution provider: auto, cpu, cuda, tensorrt, migraphx
     tune: bool = False  # max-autotune / exhaustive kernel search: slower first call, faster after
+    # CPU threads this session may use (serve gives each instance its share: hardware.instance_threads);
+    # None: the runtime's default, every core.
+    threads: int | None = None
 
     @property
     def device_type(self) -> str:
@@ -172,8 +175,8 @@ class Runtime(ABC):
 
 class TorchSession(RuntimeSession):
     def __init__(self, model: torch.nn.Module, precision: str, layout: str, device: str, batch: int,
-                 compile_mode: str | None = None, compiled: bool = False):
-        self.device, self.batch = torch.device(device), batch
+                 compile_mode: str | None = None, compiled: bool = False, threads: int | None = None):
+        self.device, self.batch, self.threads = torch.device(device), batch, threads
         self.memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         # A private copy: layouts and compiled graphs of one configuration never leak into the next.
         model = copy.deepcopy(model).to(self.device, memory_format=self.memory_format).eval()
@@ -193,6 +196,9 @@ class TorchSession(RuntimeSession):
         return torch.from_numpy(inputs).to(self.device).contiguous(memory_format=self.memory_format)
 
     def run(self, placed: torch.Tensor) -> torch.Tensor:
+        if self.threads and self.device.type == "cpu" and torch.get_num_threads() != self.threads:
+            # OpenMP's team size is a per-thread setting: each serving instance's worker thread sets its own.
+            torch.set_num_threads(self.threads)
         autocast = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
         with self.grad_mode(), autocast, self._inductor_config():
             output = self.fn(placed)
@@ -227,7 +233,7 @@ class EagerRuntime(Runtime):
     def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> RuntimeSession:
         cls.check_precision(precision)
         _torch_precision_check(precision, target.device_type)
-        return TorchSession(artifacts.source.model, precision, layout, target.device, batch)
+        return TorchSession(artifacts.source.model, precision, layout, target.device, batch, threads=target.threads)
 
 
 class CompileRuntime(Runtime):
@@ -247,7 +253,8 @@ class CompileRuntime(Runtime):
         # Inductor's on-disk caches (FX graphs, kernels) under the model's cache: a second run reuses them.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(artifacts.cache / "inductor"))
         mode = "max-autotune" if target.tune else None
-        return TorchSession(artifacts.source.model, precision, layout, target.device, batch, mode, compiled=True)
+        return TorchSession(artifacts.source.model, precision, layout, target.device, batch, mode, compiled=True,
+                            threads=target.threads)
 
 
 # --------------------------------------------------------------------------------------- ONNX Runtime
@@ -325,17 +332,22 @@ def ort_installed_providers() -> list[str]:
     return list(onnxruntime.get_available_providers())
 
 
+def check_provider_name(name: str) -> None:
+    """A one-line error for a provider name ONNX Runtime does not have (before anything is loaded)."""
+    if name == "rocm":
+        raise UserError("--provider rocm: ONNX Runtime removed its ROCm provider (1.23); use --provider migraphx")
+    if name != "auto" and name not in ORT_PROVIDERS:
+        raise UserError(f"--provider {name!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
+
+
 def choose_ort_provider(target: Target) -> OrtProvider:
     """The provider asked for, or the natural one for the device; missing: an error naming the fix."""
+    check_provider_name(target.provider)
     installed = ort_installed_providers()
     if target.provider == "auto":
         candidates = ["cpu"] if target.device_type == "cpu" else (["migraphx"] if torch.version.hip else ["cuda", "tensorrt"])
-    elif target.provider in ORT_PROVIDERS:
-        candidates = [target.provider]
-    elif target.provider == "rocm":
-        raise UserError("--provider rocm: ONNX Runtime removed its ROCm provider (1.23); use --provider migraphx")
     else:
-        raise UserError(f"--provider {target.provider!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
+        candidates = [target.provider]
     for name in candidates:
         if ORT_PROVIDERS[name].ep in installed:
             provider = ORT_PROVIDERS[name]
@@ -370,6 +382,8 @@ class OrtSession(RuntimeSession):
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if target.threads:  # this instance's share of the cores; one graph at a time per session
+            options.intra_op_num_threads, options.inter_op_num_threads = target.threads, 1
         model, publish = self._optimized_graph_cache(model, provider, options, cache)
         shape = f"{INPUT_NAME}:{batch}x" + "x".join(map(str, input_shape))
         provider_options = provider.options(precision, cache, target, shape)
@@ -464,7 +478,8 @@ _OV_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
 
 class OpenVinoSession(RuntimeSession):
-    def __init__(self, model: Path, precision: str, batch: int, cache: Path, input_shape: tuple[int, ...]):
+    def __init__(self, model: Path, precision: str, batch: int, cache: Path, input_shape: tuple[int, ...],
+                 threads: int | None = None):
         import openvino as ov  # optional extra (openvino): imported on use, not at start-up
 
         self.batch = batch
@@ -475,7 +490,9 @@ class OpenVinoSession(RuntimeSession):
         network.reshape({network.inputs[0].get_any_name(): [batch, *input_shape]})  # static: faster kernels
         # Synchronous single requests: the latency hint gives one request all cores. On bf16-capable
         # CPUs OpenVINO runs bf16 unless told f32, so fp32 is asked for explicitly.
-        config = {"PERFORMANCE_HINT": "LATENCY"}
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        if threads:  # this instance's share of the cores (one stream under the latency hint)
+            config["INFERENCE_NUM_THREADS"] = threads
         if precision in _OV_HINTS:
             config["INFERENCE_PRECISION_HINT"] = _OV_HINTS[precision]
         compiled = core.compile_model(network, "CPU", config)
@@ -526,7 +543,8 @@ class OpenVinoRuntime(Runtime):
         if target.device_type != "cpu":
             raise Unsupported("OpenVINO runs on the CPU here (--device cpu); use onnxruntime or eager on the GPU")
         model = artifacts.openvino_int8() if precision == "int8" else artifacts.onnx()
-        return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.spec.input_shape)
+        return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.spec.input_shape,
+                               target.threads)
 
 
 # --------------------------------------------------------------------------------------- registry

@@ -40,7 +40,7 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 class RequestSettings:
     """How requests are batched, queued, limited and authenticated (both protocols alike)."""
 
-    max_delay_ms: float = 2.0
+    max_delay_ms: float | None = None  # None: each model's own, decided with its serving plan
     max_queue: int = 256
     timeout_s: float = 30.0
     max_body_bytes: int = 20 * 1024 * 1024  # 20 MiB: a 12 Mpx JPEG is ~5 MB, a 32x299x299 FP32 batch 34 MB
@@ -118,7 +118,7 @@ class ServeState:
 
     def start(self) -> None:
         for name, model in self.models.items():
-            batcher = DynamicBatcher(model.run, model.max_batch, self.settings.max_delay_ms / 1e3,
+            batcher = DynamicBatcher(model.run, model.max_batch, self.delay_ms(model) / 1e3,
                                      self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name)
             batcher.start()
             self.batchers[name] = batcher
@@ -222,6 +222,10 @@ class ServeState:
             log.exception("model %s: inference failed", name)
             raise ServeError("internal", f"inference failed: {type(exc).__name__}: {exc}") from None
 
+    def delay_ms(self, model: ServedModel) -> float:
+        """--max-delay-ms as set, else the model's own (decided with its serving plan)."""
+        return model.max_delay_ms if self.settings.max_delay_ms is None else self.settings.max_delay_ms
+
     # ------------------------------------------------------------------ the protocol's answers
 
     def server_metadata(self) -> dict[str, Any]:
@@ -232,7 +236,7 @@ class ServeState:
         inputs and batching from), with inceptionlab's own facts (precision, provider, the inputs it
         accepts, class labels) in `parameters`."""
         model, settings = self.model(name), self.settings
-        meta = model.metadata()
+        meta, delay_ms = model.metadata(), self.delay_ms(model)
         return {
             "name": model.name,
             "platform": meta["platform"],
@@ -243,7 +247,7 @@ class ServeState:
                        for o in meta["outputs"]],
             "dynamic_batching": {
                 "preferred_batch_size": model.buckets,
-                "max_queue_delay_microseconds": int(settings.max_delay_ms * 1000),
+                "max_queue_delay_microseconds": int(delay_ms * 1000),
                 "default_queue_policy": {"max_queue_size": settings.max_queue,
                                          "default_timeout_microseconds": int(settings.timeout_s * 1e6)},
             },
