@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
-from inceptionlab.errors import UserError
+from inceptionlab.errors import ProgramError, UserError, summary_of
 from inceptionlab.fileio import sha256_file
 from inceptionlab.host import cpu_model_name
 from inceptionlab.infer.export import ensure_export
@@ -383,9 +383,8 @@ class OrtSession(RuntimeSession):
             providers.append("CPUExecutionProvider")  # type: ignore[arg-type]
         try:
             self.session = ort.InferenceSession(str(model), options, providers=providers)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"{model}: onnxruntime could not load it with {provider.ep} ({first})"[:400]) from None
+        except Exception as exc:  # a graph export checked: onnxruntime's (or its libraries') failure
+            raise ProgramError(f"{model}: onnxruntime could not load it with {provider.ep} ({summary_of(exc)})") from exc
         ran = self.session.get_providers()[0]
         if ran != provider.ep:
             raise UserError(f"onnxruntime fell back from {provider.ep} to {ran}: its libraries did not load "
