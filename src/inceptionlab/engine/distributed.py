@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,6 +61,16 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def gather_from_all(obj: Any, info: DistInfo) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank; `[obj]` in one process. A
+    collective: every rank calls it at the same point (fit: where a checkpoint is written)."""
+    if not info.enabled:
+        return [obj]
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def barrier(info: DistInfo) -> None:

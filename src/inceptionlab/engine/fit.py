@@ -9,15 +9,15 @@ from __future__ import annotations
 import signal
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from inceptionlab import hardware
-from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training
+from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import any_rank
+from inceptionlab.engine.distributed import any_rank, gather_from_all
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
 from inceptionlab.engine.session import TrainingSession, build_training_session
@@ -146,7 +146,8 @@ def _start(r: _Run, resume: Path | None) -> ResumePoint:
     """Restore a resumed run's state (or start at epoch 0), write the run's first files, say where it is."""
     start = ResumePoint(0, 0, r.best.state(), None)
     if resume is not None:
-        start = restore_training(load_checkpoint(r.artifacts.run.last), r.s.resumable_parts(), r.s.spec.class_names)
+        start = restore_training(load_checkpoint(r.artifacts.run.last), r.s.resumable_parts(), r.s.spec.class_names,
+                                 r.s.dist.rank)
         r.best.load(start)
         r.report.say(f"resuming {r.artifacts.run.path} at epoch {start.epoch + 1}, step {start.step_in_epoch}")
     r.artifacts.start(r.s, start if resume is not None else None)
@@ -188,7 +189,7 @@ def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, resu
     """A stop before the epoch's last step: save where we are (epoch, step) for --resume."""
     if not result.stopped or done >= steps_in_epoch:
         return False
-    r.artifacts.checkpoint(r.s, r.best.point(epoch, done))
+    r.artifacts.checkpoint(r.s, _resume_point(r, epoch, done))
     r.report.say(f"stopped at epoch {epoch + 1} step {done}; resume with: inceptionlab train --resume {r.artifacts.run.path}")
     r.status = "interrupted"
     return True
@@ -203,8 +204,14 @@ def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
     row = _epoch_row(epoch, s, result, val, r.lr)
     r.last = _eval_summary(epoch, s, val)
     improved = r.best.update(float(row[r.best.metric]), epoch, r.last)  # a valid key: engine/choices.py
-    r.artifacts.epoch(s, row, val["confusion"], r.best.point(epoch, 0), improved)
+    r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
     r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped))
+
+
+def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:
+    """Where training stands, with every rank's RNG state for the checkpoint (checkpoint.py says why).
+    A collective under DDP: every rank gets here at the same point of the loop."""
+    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(), r.s.dist))
 
 
 def _should_end(r: _Run, epoch: int, result: EpochResult) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 import os
 import sys
 import time
@@ -54,6 +55,8 @@ from inceptionlab.infer.runtimes import (
     get_runtime,
 )
 from inceptionlab.infer.source import ModelSource
+
+log = logging.getLogger(__name__)
 
 ROW_KEYS = ("backend", "precision", "layout", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
             "p90_ms", "p99_ms", "img_per_s", "gflop_per_image", "gflops", "speedup", "agreement", "usable")
@@ -191,6 +194,7 @@ def gflop_per_image(model: torch.nn.Module, input_shape: tuple[int, int, int]) -
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             meta(torch.empty(1, *input_shape, device="meta"))
     except Exception:  # an op without a meta kernel: report no GFLOP/s rather than fail the bench
+        log.info("no FLOP count for this model: the counter could not trace it", exc_info=True)
         return None
     return round(counter.get_total_flops() / 1e9, 3)
 
