@@ -38,13 +38,11 @@ demo: setup
 # 495 tests in 2 min 53 s, against 5 min 40 s in one process; by test instead of by file, 3 min 44 s.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
+# One pytest invocation. (The server tests once ran in a second one, after a worker died with SIGSEGV:
+# OpenVINO left a thread on a freed signal stack; docs/testing.md has the cause and its reproducer.)
 test: setup
 	$(VENV)/bin/lint-imports --no-cache  # the layer contract in pyproject.toml (DESIGN.md)
-	$(PYTEST) --ignore-glob='tests/test_serve*.py'
-	# The server tests (uvicorn threads and subprocesses, a headless browser) in processes of their own:
-	# after the ~480 other tests in one process, the test process died with SIGSEGV as the browser
-	# test ended (twice; never in the serve tests alone, nor after test_runtimes).
-	$(PYTEST) tests/test_serve*.py
+	$(PYTEST)
 
 # The docs site (mkdocs.yml): strict, so a broken link or a missing page fails; offline. The CLI
 # reference and the performance tables are generated in the build (docs/hooks/generated.py).

@@ -1,10 +1,15 @@
-"""Training throughput of Inception v3 at 299 px, batch 16: the guide's plain loop vs this engine's fastest.
+"""Training throughput of Inception v3 at 299 px, batch 16: the guide's plain loop, each speed setting,
+and what `auto` picks on this machine.
 
 Prints images/s per configuration, measured in one run on the same machine (timings here swing
 ~15% between runs, so compare rows of one run only). Each configuration: warm-up steps (oneDNN
-kernel creation, torch.compile), then timed steps with the device synchronised.
+kernel creation, torch.compile), then timed steps with the device synchronised. The `auto` row is
+decided afresh by the same code `inceptionlab train` runs (engine/speed.py: probe, then a timed
+calibration within 20 s), then timed like the others: it should be within a few percent of the best
+row and never below `fp32` (fp32, NCHW, eager). Precisions this machine can only emulate (bf16 on a
+CPU without bf16 units) are skipped unless named in --configs.
 
-    python benchmarks/train_throughput.py [--steps 6] [--warmup 3] [--configs plain,bf16_cl,bf16_cl_compile] [--json]
+    python benchmarks/train_throughput.py [--steps 6] [--warmup 3] [--configs plain,fp32,cl,bf16,bf16_cl,auto] [--json]
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +30,8 @@ from inceptionlab.models.registry import build_model
 
 CONFIGS = {
     # name: (precision, channels_last, compile)
-    "plain": ("fp32", False, False),  # the guide's loop: fp32, NCHW, eager
+    "plain": ("fp32", False, False),  # the guide's loop, verbatim: fp32, NCHW, eager
+    "fp32": ("fp32", False, False),  # the engine's step with the safe settings
     "cl": ("fp32", True, False),
     "bf16": ("bf16", False, False),
     "bf16_cl": ("bf16", True, False),
@@ -42,8 +49,8 @@ def guide_step(model, optimizer, images, targets):
     return loss
 
 
-def measure(name: str, batch: int, size: int, steps: int, warmup: int) -> dict:
-    precision, channels_last, compile_ = CONFIGS[name]
+def measure(name: str, batch: int, size: int, steps: int, warmup: int, setting: tuple | None = None) -> dict:
+    precision, channels_last, compile_ = setting or CONFIGS[name]
     torch.manual_seed(0)
     model = build_model("inception_v3", num_classes=200, weights=None).model.train()
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -83,19 +90,59 @@ def measure(name: str, batch: int, size: int, steps: int, warmup: int) -> dict:
             "min_step_s": round(min(times), 3), "img_per_s": round(batch / mean, 2)}
 
 
+def decide_auto(batch: int, size: int) -> tuple[tuple, dict]:
+    """What `inceptionlab train` decides here for this model, size and batch, measured afresh."""
+    import tempfile
+
+    from inceptionlab import hardware
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.speed import RunShape, decide_training
+
+    recipe = load_recipe("inception_v3/tiny_imagenet", ["train.precision=auto", "train.channels_last=auto",
+                                                          "train.compile=auto", f"train.batch_size={batch}",
+                                                          f"data.train_crop_size={size}"])
+    torch.manual_seed(0)
+    model = build_model("inception_v3", num_classes=200, weights=None).model
+    device = torch.device("cpu")
+    with tempfile.TemporaryDirectory() as cache:
+        decision = decide_training(recipe, model, make_task("multiclass", 200), device,
+                                   RunShape((3, size, size), False, 200, steps=100),
+                                   hardware.device_facts(device), fresh=True, cache=hardware.SpeedCache(Path(cache)))
+    choice = decision.choice
+    print(f"# auto: {decision.line('decision')}", flush=True)
+    return (choice.precision, choice.channels_last, choice.compile), decision.to_dict()
+
+
+def runnable(names: list[str], asked: bool) -> list[str]:
+    """Drop precisions this CPU can only emulate, unless the user named the configurations."""
+    from inceptionlab import hardware
+
+    facts = hardware.cpu_facts()
+    if asked or facts.bf16:
+        return names
+    kept = [n for n in names if n == "auto" or CONFIGS[n][0] != "bf16"]
+    for name in sorted(set(names) - set(kept)):
+        print(f"# skipped {name}: {hardware.emulation_warning(facts, 'bf16', measure=False)}", flush=True)
+    return kept
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--size", type=int, default=299)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--configs", default="plain,bf16_cl,bf16_cl_compile")
+    parser.add_argument("--configs", default=None, help="comma list of " + ", ".join([*CONFIGS, "auto"]))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     print(f"# Inception v3 training step, {args.size} px, batch {args.batch}", flush=True)
-    rows = []
-    for name in args.configs.split(","):
-        row = measure(name, args.batch, args.size, args.steps, args.warmup)
+    names = runnable((args.configs or "plain,fp32,cl,bf16,bf16_cl,auto").split(","), asked=args.configs is not None)
+    rows, decision = [], None
+    for name in names:
+        setting = None
+        if name == "auto":
+            setting, decision = decide_auto(args.batch, args.size)
+        row = measure(name, args.batch, args.size, args.steps, args.warmup, setting)
         rows.append(row)
         print(json.dumps(row) if args.json else
               f"{name:<17} {row['img_per_s']:7.2f} img/s  (step {row['mean_step_s']:.3f}s, min {row['min_step_s']:.3f}s, "
@@ -105,12 +152,18 @@ def main() -> None:
         row["vs_first"] = round(row["img_per_s"] / base, 2)
     for row in rows[1:]:
         print(f"# {row['config']}: {row['vs_first']:.2f}x the {rows[0]['config']} loop")
-    write_result("train_throughput", rows, settings=vars(args),
+    auto_row = next((row for row in rows if row["config"] == "auto"), None)
+    if auto_row is not None:
+        best = max((row for row in rows if row["config"] not in ("auto", "plain")), key=lambda row: row["img_per_s"])
+        auto_row["vs_best"] = round(auto_row["img_per_s"] / best["img_per_s"], 3)
+        print(f"# auto chose {auto_row['precision']} channels_last={auto_row['channels_last']}: "
+              f"{auto_row['vs_best']:.2f}x the best row ({best['config']})")
+    write_result("train_throughput", rows, settings=vars(args), details={"auto_decision": decision},
                  title=f"Inception v3 training step, {args.size} px, batch {args.batch}",
                  columns=[("config", "configuration"), ("precision", "precision"), ("channels_last", "channels_last"),
                           ("compile", "compile"), ("img_per_s", "img/s (mean step)", ".2f"),
                           ("min_step_s", "best step s", ".3f"), ("first_step_s", "first step s", ".1f"),
-                          ("vs_first", f"vs {rows[0]['config']}", ".2f")])
+                          ("vs_first", f"vs {rows[0]['config']}", ".2f"), ("vs_best", "auto vs best", ".2f")])
 
 
 if __name__ == "__main__":

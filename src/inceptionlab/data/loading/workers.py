@@ -36,6 +36,14 @@ def collate_skipping_unreadable(batch: list[tuple[Any, Any]]) -> tuple[torch.Ten
     return inputs, targets, skipped
 
 
+def worker_seed(seed: int, epoch: int, rank: int) -> int:
+    """The loader generator's seed for one epoch on one rank. The DataLoader draws its workers' base
+    seed from that generator, so each rank's workers get RNG streams of their own: with the rank left
+    out, every rank's workers drew the same random crops and flips. (4,099, a prime above any world
+    size run here, keeps (epoch, rank) pairs apart.)"""
+    return (seed * 1_000_003 + epoch) * 4_099 + rank
+
+
 @dataclass
 class SkipTrackingLoader:
     """Yields `(inputs, targets)` and remembers which files could not be decoded."""
@@ -57,7 +65,7 @@ class SkipTrackingLoader:
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Fix the epoch's sample order and worker seeds; skip the first `start` samples."""
         self.sampler.set_epoch(epoch, start)
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        self.generator.manual_seed(worker_seed(self.seed, epoch, self.sampler.rank))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for inputs, targets, skipped in self.loader:
