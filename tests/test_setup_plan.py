@@ -403,6 +403,27 @@ def test_a_hand_installed_migraphx_build_is_kept_and_the_cpu_package_removed():
     assert ".[test-base,demo]" in package_line(plan)  # no extra names an ONNX Runtime package
 
 
+def test_a_reused_rocm_containers_migraphx_build_is_not_shadowed_by_the_cpu_package():
+    container = TorchInfo("2.7.1+rocm6.4", hip="6.4", gpu_count=1, torchvision="0.22.1",
+                          ort_packages=("onnxruntime-migraphx",))
+
+    plan = make_plan(OPTS, system=container, existing=None)
+
+    assert plan.onnx_runtime.package == "onnxruntime-migraphx"
+    assert ".[test-base,demo]" in package_line(plan)  # no CPU onnxruntime in the venv to hide it
+    assert not any("uninstall" in cmd for cmd in commands(plan))  # the system's package is not the venv's
+
+
+def test_the_probe_lists_the_onnx_runtime_packages_beside_torch(tmp_path, monkeypatch):
+    site = write_fake_torch(tmp_path, hip="6.4", cuda=None, gpus=1)
+    (site / "onnxruntime_migraphx-1.27.1.dist-info").mkdir()
+    (site / "onnxruntime_migraphx-1.27.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: onnxruntime-migraphx\nVersion: 1.27.1\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+
+    assert "onnxruntime-migraphx" in probe_torch(sys.executable).ort_packages
+
+
 def test_an_existing_venv_swaps_the_cpu_package_for_the_gpu_one_before_installing():
     existing = VenvState(system_site_packages=True, packages=frozenset({"onnxruntime"}))
 

@@ -259,8 +259,10 @@ def make_plan(opts: SetupOptions, system: TorchInfo | None, existing: VenvState 
     py = str(Path(opts.venv) / "bin" / "python")
     pip = (py, "-m", "pip", "install", "-q")
     gpu = torch_gpu_vendor(mode, opts, system, host_gpus, default_build)
-    runtime = choose_ort_package(gpu, python=py, rocm=rocm, asked=opts.onnx_runtime,
-                                 installed=existing.packages if existing else frozenset())
+    in_venv = existing.packages if existing else frozenset()
+    # A reused system Python's own ONNX Runtime build (AMD's containers ship onnxruntime-migraphx) counts too.
+    visible = in_venv | (frozenset(system.ort_packages) if want_system and system else frozenset())
+    runtime = choose_ort_package(gpu, python=py, rocm=rocm, asked=opts.onnx_runtime, installed=visible)
     extras = package_extras(opts.extras, runtime)
     package = f".[{extras}]" if extras else "."
     commands: list[tuple[str, ...]] = []
@@ -268,7 +270,7 @@ def make_plan(opts: SetupOptions, system: TorchInfo | None, existing: VenvState 
         flags = ("--system-site-packages",) if want_system else ()
         commands.append((opts.python, "-m", "venv", *flags, opts.venv))
     commands.append((*pip, "--upgrade", "pip"))
-    others = sorted((existing.packages if existing else frozenset()) - {runtime.package})
+    others = sorted(in_venv - {runtime.package})  # pip removes only what the venv itself holds
     if others:
         # Two ONNX Runtime packages share one `onnxruntime` module: the other one goes first.
         commands.append((py, "-m", "pip", "uninstall", "-q", "-y", *others))

@@ -34,8 +34,9 @@ import torch
 
 from inceptionlab.host import cpu_model_name, shared_memory_space
 from inceptionlab.runtime import cpu_capability
-from inceptionlab.torch_build import (ORT_NVIDIA, TorchInfo, base_interpreter, build_kind, describe_build,
-                                      gpu_signs, migraphx_advice, probe_torch, rocm_version, suggest_fix)
+from inceptionlab.torch_build import (AMD_DEVICE_FILES, NVIDIA_DEVICE_FILES, ORT_NVIDIA, TorchInfo, base_interpreter,
+                                      build_kind, describe_build, gpu_signs, migraphx_advice, probe_torch,
+                                      rocm_version, suggest_fix)
 
 if TYPE_CHECKING:
     from inceptionlab.doctor_train import TrainCheckSettings
@@ -54,8 +55,6 @@ FP32_ATOL = 1e-4
 GPU_TOOLS = ("amd-smi", "rocm-smi", "nvidia-smi", "rocminfo")
 AMD_SMI_INSTALL = "`sudo apt install amd-smi-lib` (AMD's ROCm packages; `dnf` on RHEL)"
 VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-AMD_DEVICE_FILES = ("/dev/kfd",)
-NVIDIA_DEVICE_FILES = ("/dev/nvidia0",)
 RENDER_NODES_GLOB = "/dev/dri/renderD*"
 GPU_GROUPS = ("render", "video")
 CONTAINER_DEVICES = "docker run --device=/dev/kfd --device=/dev/dri --group-add video --group-add render"

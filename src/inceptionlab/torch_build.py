@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Importing torch takes 2-10 s; a minute means the interpreter hangs (e.g. a stuck GPU driver).
@@ -47,6 +47,14 @@ else:
         info["torchvision"] = torchvision.__version__
     except Exception:
         info["torchvision"] = None
+from importlib.metadata import PackageNotFoundError, version
+info["ort"] = []
+for name in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-migraphx"):
+    try:
+        version(name)
+    except PackageNotFoundError:
+        continue
+    info["ort"].append(name)
 print("INCEPTIONLAB_PROBE " + json.dumps(info))
 """
 
@@ -61,6 +69,8 @@ class TorchInfo:
     gpu_count: int = 0
     torchvision: str | None = None
     file: str | None = None
+    # The ONNX Runtime packages beside it (a container's own GPU build is kept): not part of torch's identity.
+    ort_packages: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def kind(self) -> str:
@@ -103,6 +113,7 @@ def probe_torch(python: str, run: Callable[..., subprocess.CompletedProcess] = s
         gpu_count=int(info.get("gpu_count") or 0),
         torchvision=info.get("torchvision"),
         file=info.get("file"),
+        ort_packages=tuple(info.get("ort") or ()),
     )
 
 
@@ -223,7 +234,8 @@ def choose_ort_package(gpu: str | None, *, python: str = "python", rocm: str | N
     NVIDIA: onnxruntime-gpu, whose CUDA and TensorRT providers the CPU-only package lacks. AMD: the
     CPU-only package plus the command for AMD's MIGraphX build, which is published per ROCm release
     outside the package index (set-up never installs from an index the user did not name). An
-    onnxruntime-migraphx already `installed` (by that command) is kept. `asked`: auto | cpu | gpu.
+    onnxruntime-migraphx already `installed` (by that command, or in a ROCm container's Python whose
+    torch the venv reuses) is kept. `asked`: auto | cpu | gpu.
     """
     if asked == "cpu":
         return OrtChoice(ORT_CPU, "ONNX_RUNTIME=cpu: the CPU-only onnxruntime")
@@ -231,7 +243,7 @@ def choose_ort_package(gpu: str | None, *, python: str = "python", rocm: str | N
         return OrtChoice(ORT_NVIDIA, "ONNX_RUNTIME=gpu: onnxruntime-gpu (CUDA and TensorRT providers)")
     if gpu == "amd":
         if ORT_AMD in installed:
-            return OrtChoice(ORT_AMD, f"keeping the {ORT_AMD} installed in the environment (MIGraphX provider)")
+            return OrtChoice(ORT_AMD, f"keeping the {ORT_AMD} already installed (MIGraphX provider)")
         return OrtChoice(ORT_CPU, "ROCm torch: the CPU-only onnxruntime; its MIGraphX provider is AMD's own build",
                          advice=f"for ONNX Runtime on the AMD GPU: {migraphx_advice(python, rocm)}")
     if gpu == "nvidia":
