@@ -8,13 +8,17 @@ PY     := $(VENV)/bin/python
 # - TORCH_INDEX=URL installs TORCH_PINS from that wheel index (PyTorch's ROCm or CUDA builds);
 # - otherwise TORCH_PINS from the package index: they run on CPU, CUDA picks them up when present.
 # TORCH_FROM_SYSTEM=1 reuses the system torch even when it sees no GPU, =0 never does.
+# ONNX Runtime: onnxruntime-gpu (CUDA, TensorRT) where torch will use an NVIDIA GPU, else the CPU-only
+# onnxruntime (on ROCm the plan prints the command for AMD's onnxruntime-migraphx); ONNX_RUNTIME=cpu|gpu forces one.
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 TORCH_INDEX ?=
 TORCH_FROM_SYSTEM ?= auto
+ONNX_RUNTIME ?= auto
 SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)' \
-	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --extras test,demo
+	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --onnx-runtime '$(ONNX_RUNTIME)' \
+	--extras test,demo
 
-.PHONY: setup setup-plan demo test docs docs-serve bench lint proto clean
+.PHONY: setup setup-plan demo test docs docs-serve bench gpu-report lint proto clean
 
 setup: $(VENV)/.installed
 
@@ -34,13 +38,11 @@ demo: setup
 # 495 tests in 2 min 53 s, against 5 min 40 s in one process; by test instead of by file, 3 min 44 s.
 PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
+# One pytest invocation. (The server tests once ran in a second one, after a worker died with SIGSEGV:
+# OpenVINO left a thread on a freed signal stack; docs/testing.md has the cause and its reproducer.)
 test: setup
 	$(VENV)/bin/lint-imports --no-cache  # the layer contract in pyproject.toml (DESIGN.md)
-	$(PYTEST) --ignore-glob='tests/test_serve*.py'
-	# The server tests (uvicorn threads and subprocesses, a headless browser) in processes of their own:
-	# after the ~480 other tests in one process, the test process died with SIGSEGV as the browser
-	# test ended (twice; never in the serve tests alone, nor after test_runtimes).
-	$(PYTEST) tests/test_serve*.py
+	$(PYTEST)
 
 # The docs site (mkdocs.yml): strict, so a broken link or a missing page fails; offline. The CLI
 # reference and the performance tables are generated in the build (docs/hooks/generated.py).
@@ -55,6 +57,13 @@ docs-serve: setup
 
 bench: setup
 	$(PY) benchmarks/train_throughput.py
+
+# The GPU figures in one go, within 25 minutes (benchmarks/gpu_report.py): doctor and --train-check, the
+# GPU-marked tests, Inception v3 training img/s (the guide's loop, auto, the synthetic ceiling), bench with
+# ONNX Runtime's GPU providers and a serve sweep; one JSON and one Markdown report in benchmarks/results/.
+# GPU_REPORT_ARGS=--dry-run plans it all and runs only the doctor.
+gpu-report: setup
+	$(PY) benchmarks/gpu_report.py $(GPU_REPORT_ARGS)
 
 lint: setup
 	$(PY) -m pip install -q ruff

@@ -39,9 +39,15 @@ def results_folder() -> Path:
 
 
 def machine_slug(env: dict[str, Any]) -> str:
-    """The measuring device's name as a file-name part: 'amd-epyc-7763-64-core-processor'."""
+    """The measuring device as a file-name part: 'amd-epyc-7763-64-core-processor-avx512-bf16'.
+
+    A CPU's name alone does not tell machines apart (cloud VMs say just "AMD EPYC" on Zen 3 and Zen 4),
+    so CPUs add the capability torch dispatches to and whether they have bf16 units.
+    """
     name = re.sub(r"\((r|tm)\)", "", str(env.get("device_name") or env.get("cpu") or "unknown"), flags=re.I)
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60] or "unknown"
+    if str(env.get("device", "cpu")).startswith("cpu"):
+        name += f" {env.get('cpu_capability') or ''}" + (" bf16" if env.get("cpu_bf16") else "")
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:80] or "unknown"
 
 
 def write_result(benchmark: str, rows: list[dict[str, Any]], *, title: str, columns: Iterable[Column],

@@ -4,10 +4,11 @@ Rows, measured in one run on the real tiny-imagenet files (copied to a temp dir,
 the package's own `prepare_tiny_imagenet`, read by the `tiny_imagenet` reader):
 - guide: ImageFolder + PIL, per-image RandomResizedCrop(299) + ToTensor + Normalize in `--workers`
   DataLoader processes, float32 batches (the guide's pipeline, 16 workers there);
-- workers: `data.loader=workers`: the same crop in workers but uint8 batches, normalised (bf16,
-  channels_last) once per batch in the main process;
+- workers: `data.loader=workers`: the same crop in workers but uint8 batches, normalised (in the
+  dtype `auto` trains in here, channels_last) once per batch in the main process;
 - resident: `data.loader=resident`: decoded once into a uint8 cache, crop + flip + normalise per
-  batch on the device as two batched matmuls (bf16, channels_last). The one-off cache build is
+  batch on the device as two batched matmuls (bf16 where the device has bf16 units, else fp32;
+  channels_last). The one-off cache build is
   reported apart;
 - stream: `data.loader=stream` (for folders too big to cache): decoded in `--workers` processes into
   fixed-size uint8 batches (batch, 3, cache_size, cache_size), then the resident path's crop + flip +
@@ -98,12 +99,12 @@ def guide_batches(train_dir: Path, batch: int, workers: int) -> Iterable:
 def package_loader(root: Path, mode: str, batch: int, workers: int, device: torch.device,
                    cache_size: int = 342) -> Any:
     recipe = load_recipe("inception_v3/tiny_imagenet", [f"data.root={root}", f"data.loader={mode}",
-                                                        f"data.num_workers={workers}", "train.precision=bf16",
-                                                        "train.channels_last=true", f"train.batch_size={batch}",
+                                                        f"data.num_workers={workers}", "train.precision=auto",
+                                                        "train.channels_last=auto", f"train.batch_size={batch}",
                                                         f"data.cache_size={cache_size}"])
     splits = read_splits(recipe.data)
     loader = make_loader(splits.train, batch_size=batch, train=True, seed=0, num_workers=workers, device=device,
-                         mode=mode, images=DeviceImageOptions.from_recipe(recipe))
+                         mode=mode, images=DeviceImageOptions.from_recipe(recipe, device))
     loader.set_epoch(0)
     return loader
 
@@ -126,8 +127,12 @@ def main() -> None:
         sync()
         return x
 
-    def normalised_bf16(x: torch.Tensor) -> torch.Tensor:
-        return delivered(normalize(x.to(device, non_blocking=True)).to(torch.bfloat16))
+    # The dtype `auto` trains in here: bf16 only where the device has bf16 units (hardware.py's probe).
+    dtype = DeviceImageOptions.from_recipe(load_recipe("inception_v3/tiny_imagenet", ["train.precision=auto"]),
+                                           device).dtype
+
+    def normalised(x: torch.Tensor) -> torch.Tensor:
+        return delivered(normalize(x.to(device, non_blocking=True)).to(dtype))
 
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +140,7 @@ def main() -> None:
         rows["guide"] = timed(lambda: guide_batches(root / "train", args.batch, args.workers), args.warmup,
                               args.batches, lambda x: delivered(x.to(device)))
         rows["workers"] = timed(lambda: package_loader(root, "workers", args.batch, args.workers, device),
-                                args.warmup, args.batches, normalised_bf16)
+                                args.warmup, args.batches, normalised)
         start = time.perf_counter()
         package_loader(root, "resident", args.batch, args.workers, device)  # builds the cache once
         cache_seconds = time.perf_counter() - start

@@ -1,8 +1,9 @@
 """End-to-end training images/s of the `inceptionlab train` command on the real tiny-imagenet files.
 
 Two rows, measured in one run: the guide's loop (fp32, NCHW, `data.loader=workers`: PIL decode and
-RandomResizedCrop per image in `--workers` processes) and this engine's fast settings (bf16 autocast,
-channels_last, `data.loader=resident`: a uint8 cache augmented on the device), both Inception v3 at
+RandomResizedCrop per image in `--workers` processes) and this engine's `auto` speed settings (decided
+on this machine: probe, then a timed calibration; `data.loader=resident`: a uint8 cache augmented on the
+device), both Inception v3 at
 299 px, batch `--batch`, random weights (no ImageNet weights here; the arithmetic is the same).
 Each row trains `--epochs` epochs of `--samples` images through the CLI in a fresh process and
 reports the last epoch's images/s from metrics.jsonl (the first epoch pays oneDNN's kernel creation
@@ -26,7 +27,7 @@ from data_throughput import copy_dataset
 
 ROWS = {
     "guide": ["train.precision=fp32", "train.channels_last=false", "data.loader=workers"],
-    "fast": ["train.precision=bf16", "train.channels_last=true", "data.loader=resident"],
+    "auto": ["train.precision=auto", "train.channels_last=auto", "train.compile=auto", "data.loader=resident"],
 }
 
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: run the CLI in-process, locate the real data in ../shared/data."""
+"""Shared fixtures: run the CLI in-process, small datasets the tests write, the real data in ../shared/data."""
 
 from __future__ import annotations
 
@@ -11,6 +11,17 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("INCEPTIONLAB_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def speed_settings_of_the_suite(tmp_path_factory):
+    """`auto` speed settings resolve to fp32, NCHW, eager without timing (INCEPTIONLAB_AUTO=safe), so
+    results do not depend on the CPU a test runs on, and measurements never touch the user's cache.
+    Tests of `auto` itself set INCEPTIONLAB_AUTO=measure (and a cache of their own)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("INCEPTIONLAB_AUTO", "safe")
+        patch.setenv("INCEPTIONLAB_CACHE", str(tmp_path_factory.mktemp("inceptionlab-cache")))
+        yield
 
 
 @dataclass
@@ -144,29 +155,36 @@ def inception_hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def cifar_root(tmp_path_factory):
-    """Original-format pickle batches built from the 200 real CIFAR-10 PNGs and the real batches.meta."""
-    import numpy as np
-    from PIL import Image
+def cifar_root(tmp_path_factory) -> Path:
+    """cifar-10-batches-py in the original pickle format: 150 train and 50 test images, classes by colour
+    (helpers/datasets.py)."""
+    from helpers.datasets import write_cifar10
 
-    from helpers.cifar_writers import write_cifar10_batch
+    return write_cifar10(tmp_path_factory.mktemp("cifar")) / "cifar-10-batches-py"
 
-    from inceptionlab.data.datasets.cifar10 import read_label_names
 
-    source = shared_data("cifar-10")
-    root = tmp_path_factory.mktemp("cifar") / "cifar-10-batches-py"
-    root.mkdir()
-    shutil.copy(source / "cifar-10-batches-py" / "batches.meta", root)
-    names = read_label_names(root / "batches.meta")
-    folder = source / "kaggle_train_first200"
-    rows = [line.split(",") for line in (folder / "trainLabels.csv").read_text().split()]  # "1.png,frog"
-    images = np.stack([np.asarray(Image.open(folder / "train" / name).convert("RGB")).transpose(2, 0, 1)
-                       for name, _ in rows])
-    labels = [names.index(label) for _, label in rows]
-    for b in range(5):
-        write_cifar10_batch(root / f"data_batch_{b + 1}", images[b * 30:(b + 1) * 30], labels[b * 30:(b + 1) * 30])
-    write_cifar10_batch(root / "test_batch", images[150:], labels[150:])
-    return root
+@pytest.fixture(scope="session")
+def fashion_root(tmp_path_factory) -> Path:
+    """Fashion-MNIST's four idx .gz files: 300 train and 100 test 28x28 images, classes by pattern."""
+    from helpers.datasets import write_idx_dataset
+
+    return write_idx_dataset(tmp_path_factory.mktemp("fashion"))
+
+
+@pytest.fixture(scope="session")
+def imdb_root(tmp_path_factory) -> Path:
+    """A folder holding aclImdb/ with 24 reviews per label and split, positive and negative by their words."""
+    from helpers.datasets import write_aclimdb
+
+    return write_aclimdb(tmp_path_factory.mktemp("imdb"))
+
+
+@pytest.fixture(scope="session")
+def sample_photos(tmp_path_factory) -> Path:
+    """dog.jpg, cat.jpg and eagle.jpg: camera-sized JPEGs (not real photos) for the predict paths."""
+    from helpers.datasets import write_photos
+
+    return write_photos(tmp_path_factory.mktemp("photos"))
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,27 +60,69 @@ def serve_model(run_dir: Path, backend: str = "eager", max_batch: int = 8):
     return load_served_model(settings, run_dir=run_dir, name="tiny")
 
 
+class _SignallingServer(uvicorn.Server):
+    """uvicorn that says when its lifespan has started and it serves (an event, not a polled flag), and
+    in which event loop it runs."""
+
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self.ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+        self.ready.set()
+
+
 @contextmanager
 def uvicorn_thread(app) -> Iterator[str]:
-    """The app on 127.0.0.1, a free port, in a thread; yields its base URL and stops it after."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
+    """The app on 127.0.0.1 in a thread; yields its base URL once it serves and stops it after.
+
+    The socket is bound and listening before the thread starts, so the port is known at once; the
+    lifespan (batchers, the gRPC front end) has started when `ready` is set. The server's event loop
+    is `app.state.event_loop`, for `in_server_loop`."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = _SignallingServer(uvicorn.Config(app, log_level="warning", lifespan="on"))
     server.install_signal_handlers = lambda: None  # older uvicorn; newer ones skip non-main threads
-    thread = threading.Thread(target=server.run, daemon=True)
+    stopped = threading.Event()
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            stopped.set()
+            server.ready.set()  # wakes the wait below when start-up failed
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    ready = threading.Event()
-    for _ in range(600):  # bounded: 60 s
-        if server.started:
-            ready.set()
-            break
-        threading.Event().wait(0.1)
-    assert ready.is_set(), "uvicorn did not start within 60 s"
-    port = server.servers[0].sockets[0].getsockname()[1]
+    assert server.ready.wait(timeout=60) and not stopped.is_set(), "uvicorn did not start within 60 s"
+    app.state.event_loop = server.loop
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        sock.close()
+
+
+def in_server_loop(app, coroutine, timeout_s: float = 60):
+    """Run `coroutine` in the event loop of the app's uvicorn_thread; its result."""
+    return asyncio.run_coroutine_threadsafe(coroutine, app.state.event_loop).result(timeout_s)
+
+
+def broken_model(run_dir: Path):
+    """A served model whose network was damaged after loading (its last layer takes 7 features, not
+    resnet18's 512): every batch fails inside PyTorch, as a bug in a model would."""
+    import torch
+
+    served = serve_model(run_dir)
+    for engine in served.engines:
+        for session in engine.sessions.values():
+            session.fn.fc = torch.nn.Linear(7, 3)
+    return served
 
 
 def run_async(coro):

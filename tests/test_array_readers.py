@@ -1,9 +1,9 @@
 """Readers of the original file formats: Fashion-MNIST/MNIST idx files and CIFAR-10 pickles.
 
-Fashion-MNIST runs on the complete real files in ../shared/data/fashion-mnist. CIFAR-10's pickle
-batches are not available there, so the batches are built in the original format from the 200
-real CIFAR-10 training images (Kaggle PNGs = the first 200 images of data_batch_1) and loaded
-back together with the real `batches.meta`.
+Every test runs on files written here in the original formats (helpers/datasets.py), the restricted
+unpickler's refusals included. The real files are an extra layer: the complete Fashion-MNIST in
+../shared/data/fashion-mnist, and CIFAR-10 batches built from the 200 real training images there
+(Kaggle PNGs = the first 200 images of data_batch_1) with the real `batches.meta`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import shared_data
-from helpers.cifar_writers import write_cifar10_batch, write_cifar10_meta
+from helpers.cifar_writers import write_cifar10_meta
+from helpers.datasets import cifar10_images, pattern_images, write_cifar10
 from PIL import Image
 
 from inceptionlab.data.datasets import cifar10, mnist
@@ -40,15 +41,8 @@ T10K = ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 @pytest.fixture(scope="module")
-def fashion_dir() -> Path:
-    return shared_data("fashion-mnist")
-
-
-@pytest.fixture(scope="module")
-def fashion_train(fashion_dir):
-    start = time.perf_counter()
-    split = load_idx_split(fashion_dir, "train")
-    return split, time.perf_counter() - start
+def fashion_dir(fashion_root) -> Path:
+    return fashion_root
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +50,26 @@ def fashion_test(fashion_dir):
     return load_idx_split(fashion_dir, "test")
 
 
-def test_fashion_train_is_complete_balanced_and_fast(fashion_train):
-    split, seconds = fashion_train
+def test_written_idx_files_load_back_exactly(fashion_dir):
+    train = load_idx_split(fashion_dir, "train")
+    labels = (np.arange(300) % 10)
+    assert train.inputs.shape == (300, 1, 28, 28) and train.inputs.dtype == torch.uint8
+    assert train.targets.dtype == torch.int64 and train.targets.tolist() == labels.tolist()
+    assert np.array_equal(train.inputs[:, 0].numpy(), pattern_images(labels, seed=0))
+    assert train.class_names == mnist.FASHION_CLASSES
+    test = load_idx_split(fashion_dir, "test")
+    assert test.targets[0] == 9 and test.class_names[test.targets[0]] == "Ankle boot" and len(test) == 100
+
+
+@pytest.fixture(scope="module")
+def real_fashion_train():
+    start = time.perf_counter()
+    split = load_idx_split(shared_data("fashion-mnist"), "train")
+    return split, time.perf_counter() - start
+
+
+def test_real_fashion_train_is_complete_balanced_and_fast(real_fashion_train):
+    split, seconds = real_fashion_train
     assert split.inputs.shape == (60_000, 1, 28, 28) and split.inputs.dtype == torch.uint8
     assert split.targets.shape == (60_000,) and split.targets.dtype == torch.int64
     assert torch.bincount(split.targets).tolist() == [6_000] * 10
@@ -69,10 +81,11 @@ def test_fashion_train_is_complete_balanced_and_fast(fashion_train):
     assert seconds < 5, f"loading 60,000 images took {seconds:.2f} s"
 
 
-def test_fashion_test_split(fashion_test):
-    assert fashion_test.inputs.shape == (10_000, 1, 28, 28)
-    assert torch.bincount(fashion_test.targets).tolist() == [1_000] * 10
-    assert fashion_test.targets[:10].tolist() == [9, 2, 1, 1, 6, 1, 4, 6, 5, 7]
+def test_real_fashion_test_split():
+    real_test = load_idx_split(shared_data("fashion-mnist"), "test")
+    assert real_test.inputs.shape == (10_000, 1, 28, 28)
+    assert torch.bincount(real_test.targets).tolist() == [1_000] * 10
+    assert real_test.targets[:10].tolist() == [9, 2, 1, 1, 6, 1, 4, 6, 5, 7]
 
 
 def gunzip_t10k(fashion_dir: Path, dest: Path) -> Path:
@@ -110,7 +123,8 @@ def test_truncated_files_are_refused(fashion_dir, tmp_path):
         load_idx_split(folder, "test")
     labels_gz = tmp_path / "cut" / f"{T10K[1]}.gz"
     labels_gz.parent.mkdir()
-    labels_gz.write_bytes((fashion_dir / f"{T10K[1]}.gz").read_bytes()[:2000])
+    whole = (fashion_dir / f"{T10K[1]}.gz").read_bytes()
+    labels_gz.write_bytes(whole[:len(whole) // 2])
     with pytest.raises(UserError, match=rf"{T10K[1]}.gz is a truncated or corrupt gzip"):
         read_idx(labels_gz)
 
@@ -130,8 +144,8 @@ def idx_bytes(array: np.ndarray, code: int) -> bytes:
 
 def test_count_mismatch_names_both_files(fashion_dir, tmp_path):
     shutil.copy(fashion_dir / f"{T10K[0]}.gz", tmp_path)
-    (tmp_path / T10K[1]).write_bytes(idx_bytes(np.zeros(9_999, np.uint8), 0x08))
-    with pytest.raises(UserError, match="10000 images but .* has 9999 labels") as info:
+    (tmp_path / T10K[1]).write_bytes(idx_bytes(np.zeros(99, np.uint8), 0x08))
+    with pytest.raises(UserError, match="100 images but .* has 99 labels") as info:
         load_idx_split(tmp_path, "test")
     assert T10K[0] in str(info.value) and T10K[1] in str(info.value)
 
@@ -163,52 +177,43 @@ def test_missing_idx_files_and_offline_download(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def cifar_real() -> Path:
-    return shared_data("cifar-10")
-
-
-@pytest.fixture(scope="module")
-def kaggle_images(cifar_real):
-    """The 200 real PNGs as uint8 (200, 3, 32, 32) and their labels (trainLabels.csv: `n.png,name`)."""
-    folder = cifar_real / "kaggle_train_first200"
-    rows = [line.split(",") for line in (folder / "trainLabels.csv").read_text().split()]
-    images = np.stack([np.asarray(Image.open(folder / "train" / name).convert("RGB")) for name, _ in rows])
-    labels = [CIFAR_CLASSES.index(label) for _, label in rows]
-    return images.transpose(0, 3, 1, 2).copy(), labels
-
-
-def build_batches(folder: Path, meta: Path, images: np.ndarray, labels: list[int]) -> Path:
-    """data_batch_1..5 (30 images each) and test_batch (the last 50), as the original files."""
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(meta, folder / "batches.meta")
-    for i in range(5):
-        part = slice(30 * i, 30 * (i + 1))
-        write_cifar10_batch(folder / f"data_batch_{i + 1}", images[part], labels[part],
-                            batch_label=f"training batch {i + 1} of 5")
-    write_cifar10_batch(folder / "test_batch", torch.from_numpy(images[150:]), labels[150:],
-                        batch_label="testing batch 1 of 1")
-    return folder
+def kaggle_images():
+    """200 images as uint8 (200, 3, 32, 32) and their labels: classes by colour (helpers/datasets.py)."""
+    return cifar10_images()
 
 
 @pytest.fixture
-def cifar_root(tmp_path, cifar_real, kaggle_images) -> Path:
-    build_batches(tmp_path / "cifar-10-batches-py", cifar_real / "cifar-10-batches-py" / "batches.meta",
-                  *kaggle_images)
-    return tmp_path
+def cifar_root(tmp_path, kaggle_images) -> Path:
+    return write_cifar10(tmp_path, *kaggle_images)
 
 
-def test_cifar_batches_load_back_to_the_real_pixels(cifar_root, kaggle_images):
+def test_cifar_batches_load_back_to_the_written_pixels(cifar_root, kaggle_images):
     images, labels = kaggle_images
     train = load_cifar10(cifar_root, "train")
     assert train.inputs.shape == (150, 3, 32, 32) and train.inputs.dtype == torch.uint8
     assert np.array_equal(train.inputs.numpy(), images[:150])
     assert train.targets.dtype == torch.int64 and train.targets.tolist() == labels[:150]
-    # Known start of the CIFAR-10 training labels: frog truck truck deer automobile.
-    assert train.targets[:5].tolist() == [6, 9, 9, 4, 1]
-    assert train.class_names == CIFAR_CLASSES  # read from the real batches.meta
+    assert train.class_names == CIFAR_CLASSES  # read from batches.meta
     test = load_cifar10(cifar_root / "cifar-10-batches-py", "test")  # the folder itself works too
     assert np.array_equal(test.inputs.numpy(), images[150:])
     assert test.targets.tolist() == labels[150:]
+
+
+def test_real_cifar_pixels_and_meta_round_trip(tmp_path):
+    """The 200 real PNGs (trainLabels.csv: `n.png,name`) through batches written with the real batches.meta."""
+    real = shared_data("cifar-10")
+    folder = real / "kaggle_train_first200"
+    rows = [line.split(",") for line in (folder / "trainLabels.csv").read_text().split()]
+    images = np.stack([np.asarray(Image.open(folder / "train" / name).convert("RGB")) for name, _ in rows])
+    images = images.transpose(0, 3, 1, 2).copy()
+    labels = [CIFAR_CLASSES.index(label) for _, label in rows]
+    write_cifar10(tmp_path, images, labels)
+    shutil.copy(real / "cifar-10-batches-py" / "batches.meta", tmp_path / "cifar-10-batches-py" / "batches.meta")
+    train = load_cifar10(tmp_path, "train")
+    assert np.array_equal(train.inputs.numpy(), images[:150]) and train.targets.tolist() == labels[:150]
+    # Known start of the CIFAR-10 training labels: frog truck truck deer automobile.
+    assert train.targets[:5].tolist() == [6, 9, 9, 4, 1]
+    assert train.class_names == CIFAR_CLASSES  # read from the real batches.meta
 
 
 def test_write_cifar10_meta_round_trips(tmp_path):
@@ -380,9 +385,8 @@ def test_cifar_download_offline_says_where_to_put_the_archive(tmp_path, monkeypa
     assert str(tmp_path / "cifar-10-python.tar.gz") in str(info.value)
 
 
-def test_cifar_download_extracts_the_archive(tmp_path, cifar_real, kaggle_images, monkeypatch):
-    source = build_batches(tmp_path / "src" / "cifar-10-batches-py",
-                           cifar_real / "cifar-10-batches-py" / "batches.meta", *kaggle_images)
+def test_cifar_download_extracts_the_archive(tmp_path, kaggle_images, monkeypatch):
+    source = write_cifar10(tmp_path / "src", *kaggle_images) / "cifar-10-batches-py"
     archive = tmp_path / "built.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(source, arcname="cifar-10-batches-py")

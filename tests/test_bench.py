@@ -64,7 +64,8 @@ def test_results_file_records_command_versions_device_and_settings(run_and_image
     lines = results.read_text().splitlines()
     assert len(lines) == before + 2
     row = json.loads(lines[-1])
-    assert row["command"].startswith(f"inceptionlab bench {run_dir} --backend eager --precision fp32")
+    assert row["command"].startswith(f"inceptionlab bench {run_dir} --backend eager --precision auto "
+                                     "--layout nchw,channels_last")
     assert row["env"]["versions"]["torch"] == version("torch")  # the installed distribution, e.g. 2.14.1+cpu
     assert row["env"]["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert row["env"]["device"] == "cpu" and row["env"]["torch_threads"] >= 1 and row["env"]["cpu"]
@@ -73,8 +74,19 @@ def test_results_file_records_command_versions_device_and_settings(run_and_image
     assert {json.loads(line)["layout"] for line in lines[-2:]} == {"nchw", "channels_last"}
 
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+BENCH_PLOTS = ("bench_latency.png", "bench_throughput.png")
+
+
+def is_png(path) -> bool:
+    return path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG_SIGNATURE
+
+
 def test_table_compares_against_eager_fp32_and_plots_are_drawn(run_and_images, cli):
     run_dir, _ = run_and_images
+    plots = run_dir / "plots"
+    for name in BENCH_PLOTS:  # an earlier test's bench drew them too: they must come from this call
+        (plots / name).unlink(missing_ok=True)
     result = cli("bench", run_dir, "--backend", "eager,onnxruntime", "--batch", "1", *FAST_BENCH)
     assert result.code == 0, result.err
     lines = result.out.splitlines()
@@ -83,13 +95,14 @@ def test_table_compares_against_eager_fp32_and_plots_are_drawn(run_and_images, c
     eager = next(line for line in lines if line.startswith("eager"))
     assert "1.00x" in eager
     assert any(line.startswith("onnxruntime") and "CPUExecutionProvider" in line for line in lines)
-    for name in ("bench_latency.png", "bench_throughput.png"):
-        assert (run_dir / "plots" / name).stat().st_size > 1000
+    for name in BENCH_PLOTS:
+        assert is_png(plots / name)
+        (plots / name).unlink()  # `plot` redraws them from bench/results.jsonl alone
     replot = cli("plot", run_dir)
     assert replot.code == 0, replot.err
     redrawn = replot.out.splitlines()
-    for name in ("bench_latency.png", "bench_throughput.png"):
-        assert str(run_dir / "plots" / name) in redrawn
+    for name in BENCH_PLOTS:
+        assert str(plots / name) in redrawn and is_png(plots / name)
 
 
 def test_table_marks_values_that_do_not_apply():
@@ -110,10 +123,17 @@ def test_bench_plot_draws_only_the_latest_call(tmp_path):
             "img_per_s": 100.0, "model": "m", "input_shape": [3, 8, 8]}
     rows = [{**base, "batch": 1, "run_id": "a"}, {**base, "batch": 1, "run_id": "b"}, {**base, "batch": 4, "run_id": "b"}]
     assert [r["batch"] for r in latest_run(rows)] == [1, 4]
-    results = tmp_path / "results.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut by a cra')
-    paths = plot_bench(results, tmp_path / "plots")
-    assert [p.name for p in paths] == ["bench_latency.png", "bench_throughput.png"]
+
+    def drawn(rows: list[dict], name: str) -> list[bytes]:
+        results = tmp_path / f"{name}.jsonl"
+        results.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"cut by a cra')
+        paths = plot_bench(results, tmp_path / name)
+        assert [p.name for p in paths] == list(BENCH_PLOTS) and all(is_png(p) for p in paths)
+        return [p.read_bytes() for p in paths]
+
+    # The same pictures as from the latest call's rows alone; those rows changed, the pictures change.
+    assert drawn(rows, "all") == drawn(rows[1:], "latest")
+    assert drawn(rows, "all") != drawn([rows[0], *({**r, "p50_ms": 11.0} for r in rows[1:])], "changed")
     assert plot_bench(tmp_path / "absent.jsonl", tmp_path / "plots") == []
 
 

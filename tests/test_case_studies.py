@@ -1,4 +1,8 @@
-"""The guide's smaller case studies on the same engine, each on small real data: CIFAR-10, Fashion-MNIST, IMDB."""
+"""The guide's smaller case studies on the same engine: CIFAR-10, Fashion-MNIST, IMDB.
+
+Each runs on small data in the original formats written by the tests (conftest.py); Fashion-MNIST's
+accuracy is checked on the real files too, where ../shared/data has them.
+"""
 
 from __future__ import annotations
 
@@ -64,8 +68,9 @@ def test_cifar10_guide_values():
 # --- Fashion-MNIST ---------------------------------------------------------------------------------
 
 
-def test_fashion_mnist_recipe_learns_and_predicts_a_single_image(tmp_path, cli):
-    data = shared_data("fashion-mnist")
+@pytest.mark.parametrize("source", ["written", "real"])
+def test_fashion_mnist_recipe_learns_and_predicts_a_single_image(source, fashion_root, tmp_path, cli):
+    data = fashion_root if source == "written" else shared_data("fashion-mnist")
     summary, run = run_summary(cli, "fashion_mnist/mlp", "--data", data, "--out", tmp_path / "runs",
                                "--set", "train.epochs=1", "--set", "data.max_train_samples=6000",
                                "--set", "data.max_val_samples=2000")
@@ -81,8 +86,8 @@ def test_fashion_mnist_recipe_learns_and_predicts_a_single_image(tmp_path, cli):
     assert len(row["topk"]) == 5 and row["topk"][0]["label"] == "Ankle boot"  # test image 0 is an ankle boot
 
 
-def test_resident_and_worker_loaders_train_identically(tmp_path):
-    data = shared_data("fashion-mnist")
+def test_resident_and_worker_loaders_train_identically(fashion_root, tmp_path):
+    data = fashion_root
     outcomes = []
     for mode in ("resident", "workers"):
         recipe = load_recipe("fashion_mnist/mlp", [f"data.root={data}", f"data.loader={mode}", "data.num_workers=0",
@@ -97,16 +102,16 @@ def test_resident_and_worker_loaders_train_identically(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def imdb_run(tmp_path_factory):
+def imdb_run(imdb_root, tmp_path_factory):
     """An IMDB run made by the `train` command, which also writes the text export after training."""
-    data = shared_data("imdb") / "aclImdb_subset"
+    data = imdb_root
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exit_info:
         main(["train", "imdb/text_classifier", "--data", str(data), "--set", "train.epochs=3",
               "--out", str(tmp_path_factory.mktemp("imdb")), "--no-progress", "--json"])
     assert exit_info.value.code in (0, None)
     summary = json.loads(out.getvalue().strip().splitlines()[-1])
-    return SimpleNamespace(run_dir=Path(summary["run_dir"]), summary=summary)
+    return SimpleNamespace(run_dir=Path(summary["run_dir"]), summary=summary, data=data)
 
 
 def test_imdb_run_has_vocabulary_test_score_and_curves(imdb_run):
@@ -118,7 +123,7 @@ def test_imdb_run_has_vocabulary_test_score_and_curves(imdb_run):
     assert {"loss", "top1"} <= set(summary["test"]) and set(summary["test"]["per_class"]) == {"neg", "pos"}
     assert "top5" not in summary["last"]  # meaningless for two classes
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train_reviews = sum(1 for _ in (shared_data("imdb") / "aclImdb_subset" / "aclImdb" / "train").rglob("*.txt"))
+    train_reviews = sum(1 for label in ("neg", "pos") for _ in (imdb_run.data / "aclImdb" / "train" / label).glob("*.txt"))
     assert rows[0]["samples"] + rows[0]["val_samples"] == train_reviews  # 80/20 of the train split
     assert rows[0]["val_samples"] == round(train_reviews * 0.2)
     assert (run / "plots" / "loss.png").is_file() and (run / "plots" / "accuracy.png").is_file()
@@ -190,8 +195,8 @@ def test_evaluate_reads_only_the_split_it_scores(imdb_run, split, monkeypatch):
     whole = run_evaluation(model, spec, {"train": pair.train, "val": pair.val, "test": pair.test}[split],
                            device=torch.device("cpu"), batch_size=64, num_workers=0)
 
-    root = shared_data("imdb") / "aclImdb_subset" / "aclImdb"
-    on_disk = {s: sum(1 for _ in (root / s).glob("*/*.txt")) for s in ("train", "test")}
+    root = imdb_run.data / "aclImdb"
+    on_disk = {s: sum(1 for label in ("neg", "pos") for _ in (root / s / label).glob("*.txt")) for s in ("train", "test")}
     assert len(reads) == on_disk["train"] + on_disk["test"]  # the pair reads both folders
     assert one_split_reads == on_disk["test" if split == "test" else "train"]
     assert one.result["samples"] == whole["samples"] == len({"train": pair.train, "val": pair.val,

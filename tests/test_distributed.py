@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from conftest import make_image_folder
 
 from inceptionlab.infer.evaluate import evaluate_run
@@ -43,3 +45,58 @@ def test_two_process_ddp_training_counts_every_val_image_once(tmp_path):
     assert single.result["samples"] == 7
     assert single.result["loss"] == pytest.approx(rows[-1]["val_loss"], rel=1e-4, abs=1e-5)
     assert single.result["top1"] == pytest.approx(rows[-1]["val_top1"])
+
+
+HELPER = Path(__file__).parent / "helpers" / "ddp_rng_record.py"
+
+
+@pytest.mark.slow  # two processes train 6 short runs: ~1 min on 2 cores
+def test_after_a_resume_each_rank_draws_its_own_numbers_as_in_an_uninterrupted_run(tmp_path, imdb_root):
+    """Dropout masks (IMDB's text model) and host-side random crops and flips (image folders): under
+    DDP each rank draws from streams of its own, and a run stopped mid-epoch and resumed draws on every
+    rank exactly what the same run draws straight through. Restoring rank 0's RNG state on every rank
+    (only rank 0 writes the checkpoint) made all ranks draw the same masks and crops after a resume."""
+    images = make_image_folder(tmp_path / "images")
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(HELPER),
+           str(out), str(images), str(imdb_root)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for recipe, kinds in (("images", {"rng", "input"}), ("text", {"rng", "input", "mask"})):
+        for rank in ranks:
+            runs = rank[recipe]
+            assert {kind for kind, _ in runs["straight"]} == kinds
+            assert runs["stopped"] and runs["resumed"], "the stop must fall mid-run"
+            assert runs["stopped"] + runs["resumed"] == runs["straight"], f"{recipe}: resumed differently"
+        for run in ("straight", "resumed"):
+            zero, one = ranks[0][recipe][run], ranks[1][recipe][run]
+            assert len(zero) == len(one)
+            random_draws = [(a, b) for (kind, a), (_, b) in zip(zero, one) if kind != "input"]
+            assert random_draws and all(a != b for a, b in random_draws), f"{recipe} {run}: ranks drew alike"
+
+
+class RandomPerSample(torch.utils.data.Dataset):
+    """Each sample is a number drawn in the worker process from the worker's own RNG (as a random
+    augmentation draws it)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int):
+        return torch.rand(1), index
+
+
+def test_each_ranks_loader_workers_draw_their_own_random_numbers():
+    from inceptionlab.data.loading.sampler import EpochSampler
+    from inceptionlab.data.loading.workers import worker_loader
+
+    drawn = []
+    for rank in (0, 1):
+        sampler = EpochSampler(16, shuffle=True, seed=0, rank=rank, world_size=2)
+        loader = worker_loader(RandomPerSample(), sampler, batch_size=4, seed=0, num_workers=1)
+        loader.set_epoch(0)
+        drawn.append(torch.cat([inputs for inputs, _ in loader]).flatten().tolist())
+    assert len(drawn[0]) == len(drawn[1]) == 8
+    assert all(a != b for a, b in zip(*drawn)), "the ranks' workers drew the same numbers"

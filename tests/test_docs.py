@@ -118,8 +118,11 @@ def test_write_result_writes_rows_columns_command_and_environment(tmp_path):
     path = results.write_result("train_throughput", [{"config": "plain", "img_per_s": 3.7615}], title="a step",
                                 columns=COLUMNS, settings={"batch": 16}, folder=tmp_path, env=FAKE_ENV)
 
-    assert re.fullmatch(r"train_throughput--test-cpu-9000--\d{8}-\d{6}\.json", path.name)
+    # The capability is part of the machine's name: "AMD EPYC" alone is both a Zen 3 and a Zen 4 VM.
+    assert re.fullmatch(r"train_throughput--test-cpu-9000-avx2--\d{8}-\d{6}\.json", path.name)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written atomically: no temp file left
+    with_bf16 = {**FAKE_ENV, "cpu_capability": "AVX512", "cpu_bf16": True}
+    assert results.machine_slug(with_bf16) == "test-cpu-9000-avx512-bf16" != results.machine_slug(FAKE_ENV)
     record = json.loads(path.read_text())
     assert record["rows"] == [{"config": "plain", "img_per_s": 3.7615}]
     assert record["env"] == FAKE_ENV and record["settings"] == {"batch": 16} and record["title"] == "a step"

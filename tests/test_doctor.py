@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,10 @@ import torch
 
 from inceptionlab.doctor import (
     BuildInfo,
+    Check,
     SystemProbes,
+    arch_check,
+    arch_runs,
     compare_conv_results,
     cpu_kernel_check,
     gpu_evidence,
@@ -30,6 +34,10 @@ needs_no_gpu_hardware = pytest.mark.skipif(
 )
 
 
+ROOMY_SHM = (8 * 2**30, 8 * 2**30)
+CPU_RUNTIMES = {"onnxruntime": ["CPUExecutionProvider"], "openvino": ["CPU"]}
+
+
 def fake_probes(
     files: tuple[str, ...] = (),
     tools: tuple[str, ...] = (),
@@ -39,8 +47,15 @@ def fake_probes(
     env: dict[str, str] | None = None,
     system_torch: TorchInfo | None = None,
     rocm: str | None = None,
+    account_groups: frozenset[str] | None = None,
+    gpus: int = 0,
+    arch: str | None = None,
+    arch_list: tuple[str, ...] = (),
+    shm: tuple[int, int] | None = ROOMY_SHM,
+    runtimes: dict[str, list[str] | None] | None = None,
 ) -> SystemProbes:
-    """A host with exactly these device files, tools and groups, on which torch sees no GPU."""
+    """A host with exactly these device files, tools, groups, /dev/shm and runtimes; torch sees `gpus`
+    GPUs of `arch` (none by default) and was built for `arch_list`."""
     present = set(files) | set(render_nodes)
     return SystemProbes(
         exists=lambda path: path in present,
@@ -49,10 +64,15 @@ def fake_probes(
         accessible=lambda path: accessible,
         user_groups=lambda: groups,
         env=env or {},
-        gpu_count=lambda: 0,
+        gpu_count=lambda: gpus,
         gpu_init_error=lambda: None,
         system_torch=lambda: system_torch,
         rocm_version=lambda: rocm,
+        account_groups=lambda: groups if account_groups is None else account_groups,
+        gpu_arch=lambda index: arch,
+        arch_list=lambda: list(arch_list),
+        shared_memory=lambda: shm,
+        runtime_targets=lambda: dict(CPU_RUNTIMES if runtimes is None else runtimes),
     )
 
 
@@ -63,6 +83,10 @@ CPU_BUILD = BuildInfo(cuda=None, hip=None)
 
 def check(report, name):
     return next(c for c in report.checks if c.name == name)
+
+
+def names(report):
+    return [c.name for c in report.checks]
 
 
 # --------------------------------------------------------------------------- the real CLI
@@ -341,3 +365,218 @@ def test_gpu_devices_are_reported_with_a_passing_kernel():
         assert gpu["kernel"]["status"] == "ok", gpu["kernel"]["detail"]
         assert gpu["total_memory_gib"] > 0
         assert gpu["compute_capability"] or gpu["gfx_arch"]
+
+
+# --------------------------------------------------------------------------- monitoring tools
+
+
+def test_amd_smi_is_preferred_when_both_amd_tools_exist():
+    tools = check(run_doctor(probes=fake_probes(tools=("amd-smi", "rocm-smi")), build=CPU_BUILD), "tools")
+
+    assert tools.status == "ok"
+    assert "monitor AMD GPUs with amd-smi" in tools.detail and "deprecated" not in tools.detail
+
+
+def test_only_rocm_smi_is_called_deprecated_with_the_amd_smi_install():
+    tools = check(run_doctor(probes=fake_probes(tools=("rocm-smi",)), build=CPU_BUILD), "tools")
+
+    assert "only rocm-smi, which is deprecated (amd-smi replaces it)" in tools.detail
+    assert "sudo apt install amd-smi-lib" in tools.detail
+
+
+@pytest.mark.parametrize(("files", "missing"), [(("/dev/kfd",), "no amd-smi"), (("/dev/nvidia0",), "no nvidia-smi")])
+def test_gpu_hardware_without_its_monitoring_tool_warns(files, missing):
+    tools = check(run_doctor(probes=fake_probes(files=files), build=CPU_BUILD), "tools")
+
+    assert tools.status == "warn" and missing in tools.detail
+
+
+# --------------------------------------------------------------------------- AMD device access
+
+AMD_FILES = {"files": ("/dev/kfd",), "render_nodes": ("/dev/dri/renderD128",), "tools": ("amd-smi",)}
+
+
+def test_accessible_amd_devices_pass_the_access_check():
+    probes = fake_probes(**AMD_FILES, groups=frozenset({"render", "video"}))
+
+    access = check(run_doctor(probes=probes, build=ROCM_BUILD), "gpu access")
+
+    assert access.status == "ok"
+    assert "/dev/kfd, /dev/dri/renderD128 readable and writable (groups: render, video)" == access.detail
+
+
+def test_no_amd_hardware_means_no_access_check():
+    assert "gpu access" not in names(run_doctor(probes=fake_probes(files=("/dev/nvidia0",)), build=CUDA_BUILD))
+
+
+def test_denied_devices_outside_the_groups_name_usermod():
+    probes = fake_probes(**AMD_FILES, accessible=False, groups=frozenset({"users", "video"}))
+
+    access = check(run_doctor(probes=probes, build=ROCM_BUILD), "gpu access")
+
+    assert access.status == "fail"
+    assert "no read/write access to /dev/kfd, /dev/dri/renderD128" in access.detail
+    assert "you are not in the render group(s): `sudo usermod -aG render,video $USER`" in access.detail
+
+
+def test_groups_added_but_not_yet_in_this_login_ask_for_a_new_login():
+    probes = fake_probes(**AMD_FILES, accessible=False, groups=frozenset({"users"}),
+                         account_groups=frozenset({"users", "render", "video"}))
+
+    access = check(run_doctor(probes=probes, build=ROCM_BUILD), "gpu access")
+
+    assert "you were added to render/video but this login predates it" in access.detail
+    assert "newgrp render" in access.detail and "usermod" not in access.detail
+
+
+def test_denied_despite_the_groups_blames_the_files_permissions():
+    probes = fake_probes(**AMD_FILES, accessible=False, groups=frozenset({"render", "video"}))
+
+    access = check(run_doctor(probes=probes, build=ROCM_BUILD), "gpu access")
+
+    assert "files' own permissions are wrong" in access.detail and "usermod" not in access.detail
+
+
+def test_rocm_tools_without_the_device_files_name_the_container_flags():
+    probes = fake_probes(tools=("rocminfo", "amd-smi"))  # a ROCm container started without --device
+
+    access = check(run_doctor(probes=probes, build=ROCM_BUILD), "gpu access")
+
+    assert access.status == "fail"
+    assert access.detail.startswith("/dev/kfd and /dev/dri/renderD* missing")
+    assert "--device=/dev/kfd --device=/dev/dri --group-add video --group-add render" in access.detail
+
+
+# --------------------------------------------------------------------------- GPU arch vs torch's arch list
+
+ROCM_ARCHS = ("gfx900", "gfx906", "gfx908", "gfx90a", "gfx942", "gfx1030", "gfx1100", "gfx1101", "gfx1102")
+CUDA_ARCHS = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+
+
+@pytest.mark.parametrize(
+    ("arch", "family", "value", "sibling"),
+    [("gfx1031", "RDNA2", "10.3.0", "gfx1030"), ("gfx1032", "RDNA2", "10.3.0", "gfx1030"),
+     ("gfx1103", "RDNA3", "11.0.0", "gfx1100")],
+)
+def test_missing_gfx_arch_suggests_the_familys_override_but_never_sets_it(arch, family, value, sibling):
+    env: dict[str, str] = {}
+    probes = fake_probes(**AMD_FILES, gpus=1, arch=arch, arch_list=ROCM_ARCHS, env=env)
+
+    report = run_doctor(probes=probes, build=ROCM_BUILD)
+
+    found = check(report, "arch cuda:0")
+    assert found.status == "fail" and not report.ok
+    assert f"{arch} is not among the archs torch {torch.__version__} (ROCm build, HIP 6.4.43482)" in found.detail
+    assert "invalid device function" in found.detail and "gfx1100" in found.detail  # the list is named
+    assert f"{arch} is {family}: `export HSA_OVERRIDE_GFX_VERSION={value}`" in found.detail
+    assert f"runs {sibling}'s kernels" in found.detail and "inceptionlab never sets it" in found.detail
+    assert env == {} and "HSA_OVERRIDE_GFX_VERSION" not in os.environ
+    assert names(report).index("arch cuda:0") < names(report).index("cuda:0")
+
+
+def test_a_gfx_arch_without_a_known_override_names_the_build_to_install():
+    found = arch_check("cuda:0", "gfx1010", list(ROCM_ARCHS), ROCM_BUILD, {})
+
+    assert found.status == "fail"
+    assert "HSA_OVERRIDE_GFX_VERSION" not in found.detail
+    assert "install a torch built for gfx1010" in found.detail and "PYTORCH_ROCM_ARCH=gfx1010" in found.detail
+
+
+def test_an_override_already_set_is_reported_not_suggested_again():
+    found = arch_check("cuda:0", "gfx1031", list(ROCM_ARCHS), ROCM_BUILD, {"HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+
+    assert "HSA_OVERRIDE_GFX_VERSION=10.3.0 is set, yet ROCm reports gfx1031" in found.detail
+    assert "export HSA_OVERRIDE" not in found.detail
+
+
+def test_a_listed_gfx_arch_with_target_features_passes():
+    assert arch_check("cuda:0", "gfx90a", ["gfx90a:xnack-", "gfx942"], ROCM_BUILD, {}).status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("arch", "arch_list", "runs"),
+    [
+        ("sm_86", CUDA_ARCHS, "sm_86"),
+        ("sm_89", CUDA_ARCHS, "sm_86"),  # same major, lower minor: binary compatible
+        ("sm_120", CUDA_ARCHS, None),  # Blackwell on a build that stops at Hopper
+        ("sm_120", (*CUDA_ARCHS, "compute_90"), "compute_90"),  # PTX, compiled at first use
+        ("sm_90", ("sm_80", "sm_90a"), "sm_90a"),  # arch-specific cubins run on that exact GPU only
+        ("sm_100", ("sm_80", "sm_90a"), None),
+        ("sm_75", ("sm_80", "sm_90"), None),  # never a higher minor or major
+        ("gfx942", ROCM_ARCHS, "gfx942"),
+        ("gfx1031", ROCM_ARCHS, None),  # no compatibility across gfx targets
+    ],
+)
+def test_arch_runs(arch, arch_list, runs):
+    assert arch_runs(arch, list(arch_list)) == runs
+
+
+def test_a_missing_sm_arch_is_the_no_kernel_image_failure():
+    found = arch_check("cuda:0", "sm_120", list(CUDA_ARCHS), CUDA_BUILD, {})
+
+    assert found.status == "fail"
+    assert "no kernel image is available" in found.detail and "sm_120" in found.detail
+    assert "TORCH_INDEX=.../whl/cuXYZ" in found.detail and "HSA_OVERRIDE" not in found.detail
+    assert arch_check("cuda:0", "sm_89", list(CUDA_ARCHS), CUDA_BUILD, {}).detail == \
+        "sm_89: runs this torch's sm_86 (binary-compatible kernels)"
+
+
+# --------------------------------------------------------------------------- /dev/shm
+
+
+def test_dockers_64_mib_shm_warns_with_the_flags_that_fix_it():
+    report = run_doctor(probes=fake_probes(shm=(64 * 2**20, 64 * 2**20)), build=CPU_BUILD)
+
+    shm = check(report, "shm")
+    assert shm.status == "warn" and report.ok  # loaders cope by themselves; a warning, not a failure
+    assert shm.detail.startswith("/dev/shm 64 MiB, 64 MiB free, but the guide's loop")
+    assert "32 x 3 x 299^2 uint8 = 8.2 MiB each" in shm.detail
+    assert "lower num_workers to what fits" in shm.detail
+    assert "docker run --shm-size=1g" in shm.detail and "--ipc=host" in shm.detail
+
+
+def test_roomy_or_absent_shm_is_ok():
+    assert check(run_doctor(probes=fake_probes(), build=CPU_BUILD), "shm").status == "ok"
+    absent = check(run_doctor(probes=fake_probes(shm=None), build=CPU_BUILD), "shm")
+    assert absent.status == "ok" and "no /dev/shm" in absent.detail
+
+
+# --------------------------------------------------------------------------- inference runtimes
+
+
+def test_an_nvidia_gpu_with_the_cpu_only_onnxruntime_names_onnxruntime_gpu():
+    probes = fake_probes(files=("/dev/nvidia0",), tools=("nvidia-smi",), gpus=1, arch="sm_86", arch_list=CUDA_ARCHS)
+
+    ort = check(run_doctor(probes=probes, build=CUDA_BUILD), "onnxruntime")
+
+    assert ort.status == "warn"
+    assert "providers: CPUExecutionProvider" in ort.detail
+    assert "-m pip uninstall -y onnxruntime &&" in ort.detail and "-m pip install onnxruntime-gpu" in ort.detail
+
+
+def test_cuda_and_tensorrt_providers_on_an_nvidia_gpu_are_ok():
+    runtimes = {"onnxruntime": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+                "openvino": ["CPU"]}
+    probes = fake_probes(files=("/dev/nvidia0",), gpus=1, arch="sm_86", arch_list=CUDA_ARCHS, runtimes=runtimes)
+
+    report = run_doctor(probes=probes, build=CUDA_BUILD)
+
+    assert check(report, "onnxruntime") == Check(
+        "onnxruntime", "ok", "providers: TensorrtExecutionProvider, CUDAExecutionProvider, CPUExecutionProvider")
+    assert check(report, "openvino").detail == "devices: CPU; OpenVINO runs on CPUs and Intel GPUs only"
+
+
+def test_amd_hardware_with_the_cpu_only_onnxruntime_names_the_migraphx_build():
+    probes = fake_probes(**AMD_FILES, rocm="6.4")
+
+    ort = check(run_doctor(probes=probes, build=ROCM_BUILD), "onnxruntime")
+
+    assert ort.status == "warn"
+    assert "no MIGraphX provider" in ort.detail and "onnxruntime-migraphx" in ort.detail and "ROCm 6.4" in ort.detail
+
+
+def test_no_gpu_and_no_runtimes_installed_is_ok():
+    report = run_doctor(probes=fake_probes(runtimes={"onnxruntime": None, "openvino": None}), build=CPU_BUILD)
+
+    assert check(report, "onnxruntime").status == check(report, "openvino").status == "ok"
+    assert "not installed" in check(report, "onnxruntime").detail

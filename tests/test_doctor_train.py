@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 
 from inceptionlab import doctor_train
 from inceptionlab.doctor_train import TrainCheckSettings, load_digits_tensors, train_checks, train_on_device
-from inceptionlab.errors import UserError
 
 # seconds=0: stop at min_steps (30), about 0.5 s on one CPU thread.
 FAST = TrainCheckSettings(seconds=0.0)
@@ -75,10 +75,10 @@ def test_a_device_that_errors_is_a_failing_check_not_a_crash():
 
 
 def test_missing_scikit_learn_names_the_extra(monkeypatch):
-    def no_sklearn():
-        raise UserError("the demo dataset needs scikit-learn: pip install 'inceptionlab[demo]'")
-
-    monkeypatch.setattr("inceptionlab.doctor_train.load_digits_arrays", no_sklearn)
+    # An install without the demo extra: importing scikit-learn raises ImportError (None in sys.modules
+    # makes Python refuse the import), and the real loader must turn that into the pointer to the extra.
+    monkeypatch.setitem(sys.modules, "sklearn", None)
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
 
     checks = doctor_train.train_checks([{"type": "cpu", "device": "cpu"}], FAST)
 

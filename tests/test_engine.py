@@ -205,7 +205,7 @@ def built(monkeypatch):
     def build(recipe):
         s = real_build(recipe)
         seen.session = s
-        if not recipe.train.compile:  # hooks would be traced into the compiled graph
+        if not s.recipe.train.compile:  # hooks would be traced into the compiled graph (`auto` resolved by now)
             for module in s.model.modules():
                 if isinstance(module, (nn.Conv2d, nn.Linear)):
                     module.register_forward_hook(record_dtype)
@@ -386,3 +386,31 @@ def test_background_imports_load_modules_and_leave_missing_ones_to_their_use(mon
     sys.modules.pop("colorsys", None)
     _import_in_background(("inceptionlab_no_such_module", "colorsys")).join()
     assert errors == [] and "colorsys" in sys.modules
+
+
+def test_epoch_throughput_leaves_out_the_first_steps_one_off_costs():
+    """A slow first step (kernel search, oneDNN primitive creation) must not drag the reported img/s."""
+    import time as time_module
+
+    from inceptionlab.engine.loop import StepSettings, train_one_epoch
+    from inceptionlab.engine.task import make_task
+
+    class SlowFirstCall(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear, self.calls = nn.Linear(4, 2), 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == 1:
+                time_module.sleep(0.5)  # stands for a one-off cost, not for synchronisation
+            return self.linear(x)
+
+    model = SlowFirstCall()
+    batches = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(5)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    result = train_one_epoch(model, batches, make_task("multiclass", 2), optimizer,
+                             torch.amp.GradScaler("cpu", enabled=False), StepSettings(torch.device("cpu")))
+    assert result.samples == 40 and result.steady_samples == 32
+    assert result.seconds >= 0.5 > result.steady_seconds
+    assert result.images_per_s > 10 * result.samples / result.seconds

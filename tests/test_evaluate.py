@@ -1,4 +1,4 @@
-"""`inceptionlab evaluate` on runs and on pretrained models, and training on real tiny-imagenet files."""
+"""`inceptionlab evaluate` on runs and on pretrained models, and training on tiny-imagenet files."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 import torchvision
 from conftest import shared_data
+from helpers.datasets import write_tiny_imagenet
 
 from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 from inceptionlab.models.registry import cached_weights_file
@@ -53,18 +54,22 @@ def test_evaluate_needs_a_run_or_a_model(cli):
     assert result.code == 2 and "RUN_DIR or --run RUN_DIR" in result.err and "--model NAME" in result.err
 
 
-@pytest.fixture(scope="module")
-def tiny_imagenet(tmp_path_factory):
-    """A prepared copy of the real tiny-imagenet-200 files (train subset + all val), classes regrouped."""
-    source = shared_data("tiny-imagenet-200")
-    root = tmp_path_factory.mktemp("tin") / "tiny-imagenet-200"
-    shutil.copytree(source, root, copy_function=shutil.copy)
+@pytest.fixture(scope="module", params=["written", "real"])
+def tiny_imagenet(request, tmp_path_factory):
+    """A prepared tiny-imagenet-200 (classes regrouped): written by the tests in the original layout
+    (3 classes, helpers/datasets.py), or a copy of the real files (train subset + all val, 200 classes)."""
+    if request.param == "written":
+        root = write_tiny_imagenet(tmp_path_factory.mktemp("tin"))
+    else:
+        source = shared_data("tiny-imagenet-200")
+        root = tmp_path_factory.mktemp("tin") / "tiny-imagenet-200"
+        shutil.copytree(source, root, copy_function=shutil.copy)
     prepare_tiny_imagenet(root, progress=False)
     return root
 
 
-@pytest.mark.slow  # copies 14,405 real files, regroups val/, then trains Inception v3
-def test_finetune_recipe_on_real_tiny_imagenet_files(tiny_imagenet, tmp_path, cli):
+@pytest.mark.slow  # trains Inception v3 (the real files: copies 14,405 of them and regroups val/ first)
+def test_finetune_recipe_on_tiny_imagenet_files(tiny_imagenet, tmp_path, cli):
     sets = ["model.weights=null", "data.train_crop_size=75", "data.val_resize_size=86", "data.val_crop_size=75",
             "data.num_workers=0", "data.max_train_samples=64", "data.max_val_samples=40", "train.batch_size=16",
             "train.epochs=1"]
@@ -72,18 +77,19 @@ def test_finetune_recipe_on_real_tiny_imagenet_files(tiny_imagenet, tmp_path, cl
                  "--no-progress", "--json", *[x for s in sets for x in ("--set", s)])
     assert result.code == 0, result.err
     summary = json.loads(result.out.strip().splitlines()[-1])
+    classes = len((tiny_imagenet / "wnids.txt").read_text().split())  # 3 written, 200 real
     spec = json.loads((tmp_path / "runs" / "inception_v3" / "tiny_imagenet").glob("*/spec.json").__next__().read_text())
-    assert spec["num_classes"] == 200 and spec["class_names"][0] == "n01443537"
+    assert spec["num_classes"] == classes and spec["class_names"][0] == "n01443537"
     assert spec["class_labels"][0] == "goldfish"  # human names from words.txt
-    assert len(summary["last"]["per_class"]) == 200
+    assert len(summary["last"]["per_class"]) == classes
     run = Path(summary["run_dir"])
     assert run.parent == tmp_path / "runs" / "inception_v3" / "tiny_imagenet"
     weights = torch.load(run / "model.pt", map_location="cpu", weights_only=True)
-    assert weights["fc.weight"].shape == (200, 2048)  # num_classes: null follows the data (200)
+    assert weights["fc.weight"].shape == (classes, 2048)  # num_classes: null follows the data
 
 
 def test_unprepared_tiny_imagenet_says_what_to_run(tmp_path, cli):
-    source = shared_data("tiny-imagenet-200")
+    source = write_tiny_imagenet(tmp_path / "source")
     root = tmp_path / "tiny-imagenet-200"
     (root / "val").mkdir(parents=True)
     (root / "val" / "images").mkdir()
@@ -104,4 +110,5 @@ def test_pretrained_model_on_wnid_folders(tiny_imagenet, tmp_path, cli, monkeypa
     result = cli("evaluate", "--model", "resnet18", "--data", subset, "--json", "--out", tmp_path / "eval")
     assert result.code == 0, result.err
     report = json.loads(result.out)
-    assert report["samples"] == 150 and set(report["per_class"]) == {"goldfish", "European fire salamander", "bullfrog"}
+    assert report["samples"] == len(list(subset.rglob("*.JPEG")))  # 3 classes: 12 written, 150 real images
+    assert set(report["per_class"]) == {"goldfish", "European fire salamander", "bullfrog"}

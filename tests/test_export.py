@@ -211,10 +211,3 @@ def test_a_text_run_is_refused_with_a_pointer(tmp_path, cli):
     ModelSpec("imdb_text", 2, ["neg", "pos"], input_kind="tokens").save(run / "spec.json")
     result = cli("export", run)
     assert result.code == 2 and "takes tokens, not images" in result.err and "exports/text/" in result.err
-
-
-def test_cli_default_opset_matches_the_library():
-    from inceptionlab.cli import export as cli_export
-    from inceptionlab.infer import export as lib_export
-
-    assert cli_export.DEFAULT_OPSET == lib_export.DEFAULT_OPSET

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 from PIL import Image
 
 from conftest import shared_data
-from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.io.decode import ImageReadError, decode_rgb, load_rgb
 from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS, expand_image_paths
 from inceptionlab.errors import UserError
 
@@ -301,12 +303,41 @@ def test_image_above_the_bomb_limit_is_an_error(tmp_path, monkeypatch):
     expect_read_error(path, "image too large: 100 x 100 pixels", "downscale it first")
 
 
-def test_image_in_the_bomb_warning_band_loads_silently(tmp_path, monkeypatch):
+def test_image_in_the_bomb_warning_band_loads(tmp_path, monkeypatch):
     path = saved(Image.new("RGB", (100, 100)), tmp_path / "large.png")
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 6000)  # 10 000 pixels: warn, don't fail
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 6000)  # 10 000 pixels: PIL warns, does not fail
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert load_rgb(path).size == (100, 100)
+    # The decoder leaves PIL's warning to the application (a library touches no warning filter) ...
+    assert [w.category for w in caught] == [Image.DecompressionBombWarning]
+
+
+def test_the_cli_silences_pils_per_file_warnings_for_its_process(tmp_path, monkeypatch, cli, recwarn):
+    path = saved(Image.new("RGB", (100, 100)), tmp_path / "large.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 6000)
+    assert cli("recipes").code == 0  # any command: the CLI sets its filters once, as it starts
+    assert load_rgb(path).size == (100, 100)
+    assert not [w for w in recwarn if issubclass(w.category, Image.DecompressionBombWarning)]
+
+
+def test_decoding_in_threads_leaves_the_warning_filters_as_they_were(tmp_path):
+    """The server decodes uploads in a thread pool. `warnings.catch_warnings()` per decode, as the
+    decoder once did, swaps the process-wide filter list: two threads interleaving left one thread's
+    temporary filters installed for good. Threads switch every microsecond here to interleave them."""
+    data = saved(Image.new("RGB", (8, 8)), tmp_path / "small.png").read_bytes()
+    before = list(warnings.filters)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        workers = [threading.Thread(target=lambda: [decode_rgb(data) for _ in range(300)]) for _ in range(8)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert warnings.filters == before
 
 
 # ---------------------------------------------------------------------------------------------

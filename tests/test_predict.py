@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from conftest import shared_data
 from PIL import Image
 
 
@@ -21,8 +20,8 @@ def parse_lines(out: str) -> list[dict]:
     return [json.loads(line) for line in out.strip().splitlines()]
 
 
-def test_pretrained_top5_json_on_the_guides_dog(inception_hub, cli):
-    dog = shared_data("imagenet-sample") / "images" / "dog.jpg"
+def test_pretrained_top5_json_on_the_guides_dog(inception_hub, sample_photos, cli):
+    dog = sample_photos / "dog.jpg"
     result = cli("predict", dog, "--json")
     assert result.code == 0, result.err
     [row] = parse_lines(result.out)
@@ -33,8 +32,8 @@ def test_pretrained_top5_json_on_the_guides_dog(inception_hub, cli):
     assert all(names[t["index"]] == t["label"] for t in row["topk"])  # labels come with the weights
 
 
-def test_pretrained_table_over_a_directory(inception_hub, cli):
-    images = shared_data("imagenet-sample") / "images"
+def test_pretrained_table_over_a_directory(inception_hub, sample_photos, cli):
+    images = sample_photos
     result = cli("predict", images, "--topk", "3", "--batch-size", "2")
     assert result.code == 0, result.err
     for name in ("dog.jpg", "cat.jpg", "eagle.jpg"):

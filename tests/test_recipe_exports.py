@@ -1,19 +1,19 @@
 """Every shipped recipe's run exports to ONNX (parity checked) and benchmarks, or says clearly why not.
 
-Each recipe is trained tiny (a few samples, one epoch, small sizes) on its real data from
-../shared/data (skipped, naming the folder, where that data is absent), then exported and benchmarked
+Each recipe is trained tiny (a few samples, one epoch, small sizes) on small data in its reader's
+original format, written by the tests (conftest.py, helpers/datasets.py), then exported and benchmarked
 with one configuration, all through the CLI.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import make_image_folder, shared_data
+from conftest import SHARED_DATA, make_image_folder
+from helpers.datasets import write_tiny_imagenet
 
 from inceptionlab.config import list_recipes
 from inceptionlab.models.spec import ModelSpec
@@ -32,14 +32,13 @@ BENCH_ONE = ["--backend", "eager", "--precision", "fp32", "--batch", "1", "--ite
 def _tiny_imagenet(tmp: Path) -> Path:
     from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 
-    root = tmp / "tiny-imagenet-200"
-    shutil.copytree(shared_data("tiny-imagenet-200"), root, copy_function=shutil.copy)
-    prepare_tiny_imagenet(root, progress=False)  # regroups val/ by class (the shared copy is read-only)
+    root = write_tiny_imagenet(tmp)  # the original layout
+    prepare_tiny_imagenet(root, progress=False)  # regroups val/ by class
     return root
 
 
-def _cifar10(tmp: Path, request: pytest.FixtureRequest) -> Path:
-    return request.getfixturevalue("cifar_root")  # real PNGs written as original pickle batches
+def _fixture(name: str) -> Callable[..., Path]:
+    return lambda tmp, request: request.getfixturevalue(name)
 
 
 # recipe -> (data folder for `--data`, extra overrides). A new recipe must be added here (a test checks).
@@ -49,10 +48,10 @@ DATA: dict[str, tuple[Callable[..., Path], list[str]]] = {
     "inception_v3/tiny_imagenet_fast": (lambda tmp, req: _tiny_imagenet(tmp), [*INCEPTION_75, "model.aux_loss_weight=null"]),
     "inception_v3/imagefolder": (lambda tmp, req: make_image_folder(tmp / "folder"), INCEPTION_75),  # "your data"
     "demo/digits": (lambda tmp, req: tmp / "digits", []),  # scikit-learn's digits, written on first use
-    "cifar10/small_cnn": (_cifar10, []),
-    "fashion_mnist/mlp": (lambda tmp, req: shared_data("fashion-mnist"), ["data.download=false"]),
-    "mnist/mlp": (lambda tmp, req: shared_data("mnist"), ["data.download=false"]),
-    "imdb/text_classifier": (lambda tmp, req: shared_data("imdb") / "aclImdb_subset", ["data.download=false"]),
+    "cifar10/small_cnn": (_fixture("cifar_root"), []),  # original pickle batches
+    "fashion_mnist/mlp": (_fixture("fashion_root"), ["data.download=false"]),  # idx .gz files
+    "mnist/mlp": (_fixture("fashion_root"), ["data.download=false"]),  # MNIST's files have the same names and format
+    "imdb/text_classifier": (_fixture("imdb_root"), ["data.download=false"]),  # aclImdb/ reviews
 }
 # Recipes with no training run: the pretrained model they evaluate is exported instead (random
 # weights, seed 0: there are no ImageNet weight files here, and shapes do not depend on values).
@@ -67,10 +66,10 @@ def test_every_shipped_recipe_has_a_case_here():
 
 
 @pytest.fixture
-def sample_images(monkeypatch):
-    """Parity on the guide's real sample photos when present (else the run's val images or random inputs)."""
-    folder = shared_data("imagenet-sample") / "images"
-    monkeypatch.setenv("INCEPTIONLAB_SAMPLE_IMAGES", str(folder))
+def sample_images(monkeypatch, sample_photos):
+    """Parity on the guide's real sample photos where ../shared/data has them, else on written JPEGs."""
+    real = SHARED_DATA / "imagenet-sample" / "images"
+    monkeypatch.setenv("INCEPTIONLAB_SAMPLE_IMAGES", str(real if real.is_dir() else sample_photos))
 
 
 def train_tiny(cli, recipe: str, tmp: Path, request: pytest.FixtureRequest) -> Path:

@@ -1,75 +1,110 @@
-"""`serve --max-batch auto`: the warmed buckets are kept only when the largest pays (models.choose_max_batch)."""
+"""`serve --instances auto --max-batch auto --max-delay-ms auto`: the serving plan measured at start-up.
+
+hardware.decide_serving's rule is tested with fake figures in test_hardware.py; here the server's side:
+every instance's sessions get its share of the CPUs, the plans are timed concurrently as served, the
+decision is cached per machine, and INCEPTIONLAB_AUTO=safe times nothing.
+"""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import threading
 
 import numpy as np
 import pytest
 
-from inceptionlab.serve.models import BATCHING_PAYS, Engine, choose_max_batch
+from inceptionlab import hardware
+from inceptionlab.serve.models import EngineOpener, ModelLoadSettings, decide_plan, saturation
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class CostedSession:
-    """A session whose run advances the clock by fixed + per_item * batch seconds."""
+class RecordingSession:
+    """Runs a small real computation; remembers the thread share it was opened with."""
 
     provider = "fake"
 
-    def __init__(self, clock: FakeClock, fixed: float, per_item: float):
-        self.clock, self.fixed, self.per_item = clock, fixed, per_item
-        self.sizes: list[int] = []
+    def __init__(self, batch: int, threads: int | None, opened: list):
+        self.batch, self.threads = batch, threads
+        opened.append((batch, threads))
+        self.running: set[int] = set()
 
     def place(self, inputs):
         return inputs
 
     def run(self, inputs):
-        self.sizes.append(len(inputs))
-        self.clock.now += self.fixed + self.per_item * len(inputs)
-        return inputs.reshape(len(inputs), -1)[:, :2]
+        return np.tanh(inputs.reshape(len(inputs), -1) @ np.ones((inputs[0].size, 2), np.float32))
 
     def to_numpy(self, outputs):
         return outputs
 
 
-def served_with(session: CostedSession, buckets=(1, 2, 4, 8), instances: int = 2) -> SimpleNamespace:
-    engines = [Engine({b: session for b in buckets}, list(buckets)) for _ in range(instances)]
-    return SimpleNamespace(engines=engines, buckets=list(buckets), input_shape=[3, 4, 4], is_image=True,
-                           max_batch=buckets[-1])
+def fake_opener(opened: list, active: list | None = None) -> EngineOpener:
+    def open_session(batch, threads):
+        session = RecordingSession(batch, threads, opened)
+        if active is not None:  # count how many instances run at the same moment
+            inner = session.run
+
+            def run(inputs):
+                with lock:
+                    active.append(threading.get_ident())
+                return inner(inputs)
+
+            session.run = run
+        return session
+
+    lock = threading.Lock()
+    from inceptionlab.models.spec import ModelSpec
+
+    spec = ModelSpec(arch="fake", num_classes=2, class_names=["a", "b"], crop_size=8, resize_size=8)
+    return EngineOpener("fake", spec, "eager", "fp32", open_session, True, [3, 8, 8])
 
 
-@pytest.mark.parametrize("fixed, per_item, batched", [
-    (0.010, 0.001, True),    # per-call cost dominates (a GPU): batch 8 is 18 ms vs 8 x 11 ms
-    (0.000, 0.010, False),   # per-image cost only (this 2-core CPU): batch 8 is no faster per image
-    (0.002, 0.010, False),   # 1.2x per image: below BATCHING_PAYS
-])
-def test_batching_is_kept_only_when_the_largest_batch_pays(fixed, per_item, batched):
-    clock = FakeClock()
-    session = CostedSession(clock, fixed, per_item)
-    served = served_with(session)
-    note = choose_max_batch(served, clock=clock)
-    gain = (fixed + per_item) * 8 / (fixed + per_item * 8)
-    assert (gain >= BATCHING_PAYS) == batched
-    assert f"{gain:.2f}x" in note
-    assert sorted(set(session.sizes)) == [1, 8]  # it timed batch 1 and the largest bucket only
-    if batched:
-        assert served.max_batch == 8 and all(e.buckets == [1, 2, 4, 8] for e in served.engines)
-    else:
-        assert served.max_batch == 1 and all(e.buckets == [1] for e in served.engines)
-        assert "serving unbatched" in note
-        out = served.engines[1].run(np.ones((1, 3, 4, 4), np.float32))  # what is left still runs
-        assert out.shape == (1, 2)
+def test_each_instance_gets_its_share_of_the_cpus_and_all_run_at_once():
+    opened: list = []
+    active: list = []
+    figure = saturation(fake_opener(opened, active), hardware.ServePlan(2, 4), cpus=2, gpu=False, seconds=1.5)
+    assert figure > 0
+    assert opened == [(4, 1), (4, 1)]  # 2 instances x 1 thread: never more threads than CPUs
+    workers = set(active) - {threading.get_ident()}  # the warm-up runs in the calling thread
+    assert len(workers) == 2  # both instances' worker threads ran batches
 
 
-def test_a_single_bucket_is_left_alone():
-    clock = FakeClock()
-    session = CostedSession(clock, 0.0, 0.01)
-    served = served_with(session, buckets=(1,))
-    assert choose_max_batch(served, clock=clock) == "batch 1 only" and session.sizes == []
+def test_a_gpu_plan_leaves_threads_to_the_runtime():
+    opened: list = []
+    saturation(fake_opener(opened), hardware.ServePlan(1, 2), cpus=8, gpu=True, seconds=1.5)
+    assert opened == [(2, None)]
+
+
+def test_the_plan_is_measured_once_per_machine_then_recalled(monkeypatch, tmp_path):
+    monkeypatch.setenv("INCEPTIONLAB_AUTO", "measure")
+    monkeypatch.setenv("INCEPTIONLAB_CACHE", str(tmp_path))
+    opened: list = []
+    settings = ModelLoadSettings(log=lambda line: None)
+    first = decide_plan(fake_opener(opened), settings)
+    cpus = hardware.usable_cpus()
+    assert first.source == "measured" and "1x1" in first.img_per_s
+    assert len(first.img_per_s) == len(hardware.serve_plans(cpus, False, None, None))
+    count = len(opened)
+    again = decide_plan(fake_opener(opened), settings)
+    assert again.source == "cached" and again.plan == first.plan and len(opened) == count  # nothing opened
+    assert decide_plan(fake_opener(opened), ModelLoadSettings(fresh=True)).source == "measured"
+
+
+def test_set_values_are_kept_and_safe_mode_times_nothing(monkeypatch):
+    opened: list = []
+    monkeypatch.setenv("INCEPTIONLAB_AUTO", "safe")
+    decision = decide_plan(fake_opener(opened), ModelLoadSettings(max_batch=8))
+    assert decision.plan == hardware.ServePlan(1, 8) and decision.max_delay_ms == 2.0 and opened == []
+    decision = decide_plan(fake_opener(opened), ModelLoadSettings())
+    assert decision.plan == hardware.ServePlan(1, 1) and decision.max_delay_ms == 0.0
+
+
+@pytest.mark.parametrize("value, expected", [("auto", None), ("0", 0.0), ("2.5", 2.5)])
+def test_max_delay_option_parses(value, expected):
+    from inceptionlab.cli.serve import _delay
+
+    assert _delay(value) == expected
+
+
+def test_a_bad_max_delay_or_instance_count_is_a_one_line_error(cli):
+    for option, value in (("--max-delay-ms", "-1"), ("--max-delay-ms", "soon"), ("--instances", "0")):
+        result = cli("serve", "--model", "inception_v3", option, value)
+        assert result.code == 2 and option in result.err and "auto" in result.err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import socket
 import threading
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ import tritonclient.grpc as tg
 import tritonclient.grpc.aio as tg_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
-from serve_helpers import serve_model, train_tiny_run, train_tiny_text_run, uvicorn_thread
+from serve_helpers import broken_model, serve_model, train_tiny_run, train_tiny_text_run, uvicorn_thread
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -257,6 +258,28 @@ def test_bad_input_gets_its_status_code_and_the_next_request_is_answered(stub, c
     assert words in refused.value.details() and "\n" not in refused.value.details()
     good = client.infer("tiny", [bytes_input("image_bytes", images(tiny, 1), [1, 1])])
     assert good.as_numpy("probabilities").shape == (1, 3)
+
+
+def test_an_answer_carries_its_request_id_in_the_trailing_metadata(stub, tiny):
+    request = _request(("image_bytes", "BYTES", [1, 1], "bytes_contents", images(tiny, 1)))
+    _, call = stub.ModelInfer.with_call(request, metadata=[("x-request-id", "grpc-ok")])
+    assert dict(call.trailing_metadata())["x-request-id"] == "grpc-ok"
+    _, call = stub.ModelInfer.with_call(request)
+    assert len(dict(call.trailing_metadata())["x-request-id"]) == 32  # a new id when the client gives none
+
+
+def test_a_failing_model_is_internal_naming_the_request_id_the_log_has(tiny, caplog):
+    request = _request(("image_bytes", "BYTES", [1, 1], "bytes_contents", images(tiny, 1)))
+    with grpc_server([broken_model(tiny[0])]) as (_, address, _state), grpc.insecure_channel(address) as channel, \
+            caplog.at_level(logging.ERROR, logger="inceptionlab"):
+        with pytest.raises(grpc.RpcError) as failed:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, metadata=[("x-request-id", "grpc-7")])
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert "mat1 and mat2 shapes cannot be multiplied" in failed.value.details()
+    assert "request id grpc-7: the server's log has the traceback" in failed.value.details()
+    assert dict(failed.value.trailing_metadata())["x-request-id"] == "grpc-7"
+    [logged] = [r for r in caplog.records if r.name == "inceptionlab.serve.batcher"]
+    assert "(request ids: grpc-7)" in logged.getMessage() and "mat1 and mat2" in str(logged.exc_info[1])
 
 
 def test_a_message_over_the_body_limit_is_resource_exhausted(tiny):

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from conftest import shared_data
 from fastapi.testclient import TestClient
 from serve_helpers import serve_model
 
@@ -18,11 +17,11 @@ REVIEWS = ["The movie was great! Wonderful acting and a moving story.", "Dull, b
 
 
 @pytest.fixture(scope="module")
-def imdb(tmp_path_factory):
+def imdb(imdb_root, tmp_path_factory):
     from inceptionlab.config import load_recipe
     from inceptionlab.engine.fit import fit
 
-    data = shared_data("imdb") / "aclImdb_subset"
+    data = imdb_root  # reviews in aclImdb's layout, written by the tests (conftest.py)
     recipe = load_recipe("imdb/text_classifier", [f"data.root={data}", "train.epochs=1"])
     run_dir = fit(recipe, tmp_path_factory.mktemp("imdb"), progress=False).run_dir
     served = serve_model(run_dir)

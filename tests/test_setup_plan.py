@@ -323,3 +323,158 @@ def test_the_closing_check_fails_when_the_venv_torch_is_not_the_system_one(tmp_p
     assert kept.returncode == 0, kept.stderr
     assert replaced.returncode == 1
     assert "pip replaced the system torch 2.7.1+fake by 2.14.1+cu130" in replaced.stderr
+
+
+# --------------------------------------------------------------------------- the ONNX Runtime package
+
+
+def package_line(plan):
+    return next(cmd for cmd in commands(plan) if "-e" in cmd)
+
+
+def test_cpu_machine_keeps_the_cpu_onnxruntime_inside_the_test_extra():
+    plan = make_plan(OPTS, system=None, existing=None, host_gpus=frozenset(), default_build="cuda")
+
+    assert plan.onnx_runtime.package == "onnxruntime" and plan.onnx_runtime.advice is None
+    assert ".[test,demo]" in package_line(plan)
+
+
+@pytest.mark.parametrize(
+    ("system", "index", "host_gpus", "default_build"),
+    [
+        (CUDA_TORCH, "", frozenset(), "cpu"),  # NVIDIA's container: its torch sees the GPU
+        (None, "", frozenset({"nvidia"}), "cuda"),  # the package index's CUDA wheel on an NVIDIA host
+        (None, "https://example.invalid/whl/cu128", frozenset({"nvidia"}), "cpu"),  # TORCH_INDEX=.../cu128
+    ],
+    ids=["system-cuda-torch-sees-gpu", "default-cuda-wheel-nvidia-host", "cuda-index-nvidia-host"],
+)
+def test_torch_on_an_nvidia_gpu_gets_onnxruntime_gpu_and_never_the_cpu_package(system, index, host_gpus,
+                                                                               default_build):
+    opts = SetupOptions(venv=".venv", python="/usr/bin/python3", torch_index=index)
+
+    plan = make_plan(opts, system=system, existing=None, host_gpus=host_gpus, default_build=default_build)
+
+    assert plan.onnx_runtime.package == "onnxruntime-gpu"
+    # `test` pulls the CPU-only onnxruntime through `onnx`: the plan installs the extras without it.
+    assert package_line(plan)[package_line(plan).index("-e") + 1] == ".[test-base,demo,onnx-gpu]"
+    assert plan.to_dict()["onnx_runtime"]["package"] == "onnxruntime-gpu"
+
+
+@pytest.mark.parametrize(
+    ("system", "host_gpus", "default_build"),
+    [
+        (None, frozenset(), "cuda"),  # a CUDA wheel, but no NVIDIA hardware: no GPU for torch
+        (CUDA_WHEEL_NO_GPU, frozenset(), "cuda"),
+        (None, frozenset({"nvidia"}), "cpu"),  # macOS / aarch64: the package index's wheel is a CPU build
+    ],
+    ids=["cuda-wheel-no-hardware", "system-cuda-wheel-no-gpu", "cpu-wheel-nvidia-host"],
+)
+def test_no_nvidia_gpu_for_torch_keeps_the_cpu_package(system, host_gpus, default_build):
+    plan = make_plan(OPTS, system=system, existing=None, host_gpus=host_gpus, default_build=default_build)
+
+    assert plan.onnx_runtime.package == "onnxruntime"
+    assert "onnx-gpu" not in " ".join(plan.shell_lines())
+
+
+def test_rocm_torch_keeps_the_cpu_package_and_prints_the_migraphx_command():
+    plan = make_plan(OPTS, system=ROCM_TORCH, existing=None, host_gpus=frozenset({"amd"}), rocm="6.4")
+
+    runtime = plan.onnx_runtime
+    assert runtime.package == "onnxruntime"
+    assert "onnxruntime-migraphx" in runtime.advice and "ROCm 6.4" in runtime.advice
+    assert ".venv/bin/python -m pip uninstall -y onnxruntime" in runtime.advice
+    # Printed, never run: no command of the plan installs from AMD's index or names MIGraphX.
+    assert "migraphx" not in " ".join(plan.shell_lines())
+
+
+def test_rocm_index_is_treated_like_a_rocm_torch():
+    opts = SetupOptions(venv="v", python="/usr/bin/python3", torch_index=INDEX)
+
+    assert "onnxruntime-migraphx" in make_plan(opts, system=None, existing=None).onnx_runtime.advice
+
+
+def test_a_hand_installed_migraphx_build_is_kept_and_the_cpu_package_removed():
+    existing = VenvState(system_site_packages=True, packages=frozenset({"onnxruntime-migraphx", "onnxruntime"}))
+
+    plan = make_plan(OPTS, system=ROCM_TORCH, existing=existing)
+
+    assert plan.onnx_runtime.package == "onnxruntime-migraphx" and plan.onnx_runtime.advice is None
+    assert [".venv/bin/python", "-m", "pip", "uninstall", "-q", "-y", "onnxruntime"] in commands(plan)
+    assert ".[test-base,demo]" in package_line(plan)  # no extra names an ONNX Runtime package
+
+
+def test_a_reused_rocm_containers_migraphx_build_is_not_shadowed_by_the_cpu_package():
+    container = TorchInfo("2.7.1+rocm6.4", hip="6.4", gpu_count=1, torchvision="0.22.1",
+                          ort_packages=("onnxruntime-migraphx",))
+
+    plan = make_plan(OPTS, system=container, existing=None)
+
+    assert plan.onnx_runtime.package == "onnxruntime-migraphx"
+    assert ".[test-base,demo]" in package_line(plan)  # no CPU onnxruntime in the venv to hide it
+    assert not any("uninstall" in cmd for cmd in commands(plan))  # the system's package is not the venv's
+
+
+def test_the_probe_lists_the_onnx_runtime_packages_beside_torch(tmp_path, monkeypatch):
+    site = write_fake_torch(tmp_path, hip="6.4", cuda=None, gpus=1)
+    (site / "onnxruntime_migraphx-1.27.1.dist-info").mkdir()
+    (site / "onnxruntime_migraphx-1.27.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: onnxruntime-migraphx\nVersion: 1.27.1\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+
+    assert "onnxruntime-migraphx" in probe_torch(sys.executable).ort_packages
+
+
+def test_an_existing_venv_swaps_the_cpu_package_for_the_gpu_one_before_installing():
+    existing = VenvState(system_site_packages=True, packages=frozenset({"onnxruntime"}))
+
+    plan = make_plan(OPTS, system=CUDA_TORCH, existing=existing)
+
+    uninstall = commands(plan).index([".venv/bin/python", "-m", "pip", "uninstall", "-q", "-y", "onnxruntime"])
+    assert uninstall < commands(plan).index(package_line(plan))
+
+
+@pytest.mark.parametrize(("asked", "package"), [("cpu", "onnxruntime"), ("gpu", "onnxruntime-gpu")])
+def test_onnx_runtime_variable_overrides_the_choice(asked, package):
+    opts = SetupOptions(venv=".venv", python="/usr/bin/python3", onnx_runtime=asked)
+    system = CUDA_TORCH if asked == "cpu" else None
+
+    assert make_plan(opts, system=system, existing=None).onnx_runtime.package == package
+
+
+def test_a_bad_onnx_runtime_value_is_a_one_line_error():
+    with pytest.raises(PlanError, match="ONNX_RUNTIME='rocm' must be one of auto, cpu, gpu"):
+        make_plan(SetupOptions(onnx_runtime="rocm"), system=None, existing=None)
+
+
+def test_venv_state_reads_the_onnx_runtime_packages_it_holds(tmp_path):
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*")) / "site-packages"
+    for name in ("onnxruntime_gpu-1.31.1.dist-info", "onnx-1.23.0.dist-info", "numpy-2.1.0.dist-info"):
+        (site / name).mkdir()
+
+    assert VenvState.read(str(venv)).packages == frozenset({"onnxruntime-gpu"})
+
+
+def test_pyproject_extras_keep_one_onnx_runtime_per_environment():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pip's own copy of the same parser
+        from pip._vendor import tomli as tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def runtimes(extra, seen=()):
+        found = set()
+        for requirement in extras[extra]:
+            if requirement.startswith("inceptionlab["):
+                for inner in requirement[len("inceptionlab["):-1].split(","):
+                    found |= runtimes(inner, seen + (extra,))
+            elif requirement.split(">")[0].split("=")[0] in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-migraphx"):
+                found.add(requirement.split(">")[0].split("=")[0])
+        return found
+
+    assert runtimes("test") == {"onnxruntime"}
+    assert runtimes("test-base") == set()
+    assert runtimes("onnx-gpu") == {"onnxruntime-gpu"}
+    assert runtimes("test-base") | runtimes("demo") | runtimes("onnx-gpu") == {"onnxruntime-gpu"}

@@ -19,6 +19,7 @@ from tokenizers.models import WordLevel
 from tokenizers.trainers import WordLevelTrainer
 
 from conftest import shared_data
+from helpers.datasets import tar_folder
 from inceptionlab.data.datasets import imdb
 from inceptionlab.data.datasets.imdb import CLASS_NAMES, download_imdb, load_imdb, load_imdb_splits
 from inceptionlab.data.text import child_reader
@@ -73,13 +74,25 @@ TRICKY = [
 
 
 @pytest.fixture(scope="module")
-def subset_root() -> Path:
-    return shared_data("imdb/aclImdb_subset")
+def subset_root(imdb_root) -> Path:
+    """Reviews in aclImdb's layout written by the tests (conftest.py, helpers/datasets.py): punctuation,
+    <br /> tags, capitals, non-ASCII, and reviews longer than the 250-token sequences."""
+    return imdb_root
 
 
 @pytest.fixture(scope="module")
 def subset(subset_root) -> dict[str, tuple[list[str], list[int]]]:
     return load_imdb_splits(subset_root)
+
+
+@pytest.fixture(scope="module")
+def real_subset_root() -> Path:
+    return shared_data("imdb/aclImdb_subset")
+
+
+@pytest.fixture(scope="module")
+def real_subset(real_subset_root) -> dict[str, tuple[list[str], list[int]]]:
+    return load_imdb_splits(real_subset_root)
 
 
 @pytest.fixture(scope="module")
@@ -205,13 +218,22 @@ def test_br_tag_is_replaced_after_lowercasing_as_in_the_guide(subset_vectorizer)
     assert subset_vectorizer.standardize("a<BR />b<br />c<br/>d") == "a b cbrd"
 
 
-def test_standardize_and_ids_match_guide_on_200_real_reviews(subset, subset_vectorizer):
-    texts = subset["train"][0][::5][:200]  # both labels: neg is the first half, pos the second
+def test_standardize_and_ids_match_guide_on_written_reviews(subset, subset_vectorizer):
+    texts = subset["train"][0] + subset["test"][0]
+    assert_matches_guide(texts, subset_vectorizer)
+
+
+def test_standardize_and_ids_match_guide_on_200_real_reviews(real_subset):
+    texts = real_subset["train"][0][::5][:200]  # both labels: neg is the first half, pos the second
     assert len(texts) == 200
-    vocab = subset_vectorizer.tokenizer.get_vocab()
-    encoded = subset_vectorizer.encode(texts).tolist()
+    assert_matches_guide(texts, TextVectorizer.fit(real_subset["train"][0]))
+
+
+def assert_matches_guide(texts: list[str], vectorizer: TextVectorizer) -> None:
+    vocab = vectorizer.tokenizer.get_vocab()
+    encoded = vectorizer.encode(texts).tolist()
     for text, ids in zip(texts, encoded):
-        assert subset_vectorizer.standardize(text) == guide_standardize(text)
+        assert vectorizer.standardize(text) == guide_standardize(text)
         assert ids == guide_ids(text, vocab)
 
 
@@ -325,23 +347,38 @@ def test_load_missing_or_corrupt_file_is_a_user_error(tmp_path):
 # --- reading IMDB ------------------------------------------------------------------------------
 
 
-def test_subset_counts_match_provenance(subset_root, subset):
+def test_written_reviews_load_by_label_and_the_aclimdb_folder_itself(subset_root, subset):
     for split in ("train", "test"):
         texts, labels = subset[split]
-        assert len(texts) == 1_000
-        assert labels == [0] * 500 + [1] * 500  # sorted by path: neg/ before pos/
+        assert len(texts) == 48
+        assert labels == [0] * 24 + [1] * 24  # sorted by path: neg/ before pos/
         assert all(texts)
     direct = load_imdb(subset_root / "aclImdb", "test")  # the aclImdb folder itself
     assert direct == subset["test"]
 
 
-def test_full_archive_has_25000_reviews_per_split(full_splits, subset, capsys):
+def test_written_archive_reads_like_its_folder(subset_root, subset, tmp_path):
+    archive = tar_folder(subset_root / "aclImdb", tmp_path / "aclImdb_v1.tar.gz")  # one top folder, as shipped
+    assert load_imdb_splits(archive) == subset
+
+
+def test_real_subset_counts_match_provenance(real_subset_root, real_subset):
+    for split in ("train", "test"):
+        texts, labels = real_subset[split]
+        assert len(texts) == 1_000
+        assert labels == [0] * 500 + [1] * 500  # sorted by path: neg/ before pos/
+        assert all(texts)
+    direct = load_imdb(real_subset_root / "aclImdb", "test")  # the aclImdb folder itself
+    assert direct == real_subset["test"]
+
+
+def test_full_archive_has_25000_reviews_per_split(full_splits, real_subset, capsys):
     splits, seconds = full_splits
     for split in ("train", "test"):
         texts, labels = splits[split]
         assert len(texts) == 25_000
         assert Counter(labels) == {0: 12_500, 1: 12_500}
-        assert set(subset[split][0]) <= set(texts)  # the subset's files are byte-identical members
+        assert set(real_subset[split][0]) <= set(texts)  # the subset's files are byte-identical members
     with capsys.disabled():
         print(f"\nIMDB: read both splits of aclImdb_labeled.tar.gz in one pass: {seconds:.2f} s")
 

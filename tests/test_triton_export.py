@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import FAST, make_image_folder, shared_data
+from conftest import FAST, make_image_folder
 
 from inceptionlab.errors import UserError
 
@@ -145,8 +145,8 @@ def test_cli_refuses_static_batch_and_bad_format(small_run, cli):
     assert bad.code != 0 and "--format tensorrt" in bad.err
 
 
-def test_one_channel_fashion_mnist_run(tmp_path, cli):
-    data = shared_data("fashion-mnist")
+def test_one_channel_fashion_mnist_run(fashion_root, tmp_path, cli):
+    data = fashion_root
     train = cli("train", "fashion_mnist/mlp", "--data", data, "--out", tmp_path / "runs", "--no-progress", "--json",
                 "--set", "train.epochs=1", "--set", "data.max_train_samples=600", "--set", "data.max_val_samples=200")
     assert train.code == 0, train.err

@@ -13,13 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only: no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from inceptionlab.plots import save_figure  # noqa: E402
+from inceptionlab.plots import new_figure, save_figure
 
 
 def read_rows(results: Path) -> list[dict[str, Any]]:
@@ -48,7 +44,7 @@ def _bars(rows: list[dict[str, Any]], value: str, whisker: str | None, ylabel: s
     labels = list(dict.fromkeys(_label(r) for r in rows))
     batches = sorted({r["batch"] for r in rows})
     width = 0.8 / len(batches)
-    fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(labels) + 2), 4.2))
+    fig, ax = new_figure((max(6.4, 1.1 * len(labels) + 2), 4.2))
     x = np.arange(len(labels))
     for i, batch in enumerate(batches):
         by_label = {_label(r): r for r in rows if r["batch"] == batch}

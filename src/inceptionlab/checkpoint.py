@@ -8,6 +8,11 @@ A run directory is the only hand-off between commands (see DESIGN.md):
 
 Checkpoints describe themselves: model, optimizer, scheduler, scaler, epoch, step, RNG states, best
 metric, class names, the resolved recipe and the model spec. They load with `weights_only=True`.
+
+Under DDP only rank 0 writes, but every rank draws from RNG streams of its own (seeded with seed + rank:
+its dropout masks and host-side augmentation), so a checkpoint holds every rank's RNG state
+(`rng_by_rank`, gathered to the writer) and each rank restores its own; restoring rank 0's on every
+rank would give all ranks the same masks and crops after a resume.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class ResumePoint:
     step_in_epoch: int
     best: dict[str, Any]
     best_summary: dict[str, Any] | None
+    rng_by_rank: list[dict[str, Any]] | None = None  # every rank's `rng_state()`, in rank order (to save)
 
 
 def training_checkpoint(parts: dict[str, Any], point: ResumePoint, *, class_names: list[str],
@@ -68,7 +74,8 @@ def training_checkpoint(parts: dict[str, Any], point: ResumePoint, *, class_name
         **{name: part.state_dict() for name, part in parts.items()},
         "epoch": point.epoch,  # epochs fully done
         "step_in_epoch": point.step_in_epoch,  # steps done in epoch `epoch` (0 at an epoch boundary)
-        "rng": rng_state(),
+        "rng": rng_state(),  # this process's: rank 0's under DDP, the only one in a single-process run
+        **({"rng_by_rank": point.rng_by_rank} if point.rng_by_rank and len(point.rng_by_rank) > 1 else {}),
         "best": point.best,
         "best_summary": json.dumps(point.best_summary) if point.best_summary else None,
         "class_names": class_names,
@@ -77,13 +84,18 @@ def training_checkpoint(parts: dict[str, Any], point: ResumePoint, *, class_name
     }
 
 
-def restore_training(ckpt: dict[str, Any], parts: dict[str, Any], class_names: list[str]) -> ResumePoint:
-    """Load every part's state and the RNG states back; the inverse of `training_checkpoint`."""
+def restore_training(ckpt: dict[str, Any], parts: dict[str, Any], class_names: list[str], rank: int = 0) -> ResumePoint:
+    """Load every part's state and this rank's RNG states back; the inverse of `training_checkpoint`.
+
+    A rank the checkpoint has no state for (resumed on more processes than it was saved from) keeps
+    the streams `seed + rank` gave it: its own, if not the continuation of any earlier rank's."""
     if ckpt["class_names"] != class_names:
         raise UserError("the checkpoint's classes differ from the dataset's: resume with the same --data")
     for name, part in parts.items():
         part.load_state_dict(ckpt[name])
-    restore_rng_state(ckpt["rng"])
+    by_rank = ckpt.get("rng_by_rank") or [ckpt["rng"]]
+    if rank < len(by_rank):
+        restore_rng_state(by_rank[rank])
     best_summary = json.loads(ckpt["best_summary"]) if ckpt.get("best_summary") else None
     return ResumePoint(int(ckpt["epoch"]), int(ckpt["step_in_epoch"]), ckpt["best"], best_summary)
 

@@ -40,6 +40,16 @@ def _check_positive(where: str, value: float | int | None, allow_zero: bool = Fa
         raise ValueError(f"{where}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def _auto_or_bool(where: str, value: Any) -> bool | str:
+    """`auto`, or a boolean (YAML's true/false, or the strings a --set may carry)."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "false"):
+        return text == "true"
+    raise ValueError(f"{where}={value!r} must be auto, true or false")
+
+
 @dataclass
 class ModelConfig:
     name: str = "inception_v3"  # registry name: any torchvision classification model, or ours
@@ -119,9 +129,11 @@ class TrainConfig:
     epochs: int = 90
     batch_size: int = 32
     eval_batch_size: Optional[int] = None  # null: 2 x batch_size (no activations kept for backward)
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler)
-    channels_last: bool = False  # NHWC memory format: faster convolutions with oneDNN/cuDNN/MIOpen
-    compile: bool = False  # torch.compile the model (first steps pay the compile time)
+    # auto: decided on this machine by probe and a short timed calibration (hardware.py), cached.
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler)
+    channels_last: Any = "auto"  # auto | true | false: NHWC memory format for convolutions
+    compile: Any = "auto"  # auto | true | false: torch.compile the model (first steps pay the compile time)
+    threads: Optional[int] = None  # CPU threads for torch; null: the CPUs this process may use (affinity, cgroup)
     seed: int = 0
     deterministic: bool = False  # torch.use_deterministic_algorithms; slower on GPU
     device: str = "auto"  # auto | cpu | cuda | cuda:N (ROCm GPUs are "cuda" in PyTorch)
@@ -141,6 +153,9 @@ class TrainConfig:
         _check_positive("train.early_stop_patience", self.early_stop_patience)
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"train.label_smoothing={self.label_smoothing} must be in [0, 1)")
+        self.channels_last = _auto_or_bool("train.channels_last", self.channels_last)
+        self.compile = _auto_or_bool("train.compile", self.compile)
+        _check_positive("train.threads", self.threads)
         if not self.best_metric.startswith(("val_", "train_")):
             raise ValueError(f"train.best_metric={self.best_metric!r} must start with val_ or train_")
 

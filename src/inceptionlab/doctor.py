@@ -5,8 +5,14 @@ build, every visible GPU, a real Conv2d forward+backward on each device compared
 CPU reference, and, when a GPU is expected but torch sees none, the usual causes.
 
 `run_doctor()` returns a `DoctorReport`; it never prints. Everything that looks at the host
-(device files, PATH, groups, environment, torch's GPU count) goes through `SystemProbes`, so
-tests can simulate "hardware present, no GPU visible" on any machine.
+(device files, PATH, groups, environment, torch's GPU count and arch list, /dev/shm, the inference
+runtimes' providers) goes through `SystemProbes`, so tests can simulate "AMD hardware present, no GPU
+visible", a GPU whose arch this torch has no kernels for, or Docker's 64 MiB /dev/shm on any machine.
+
+Checks beyond the versions and kernels, each naming its fix: GPU monitoring tools (amd-smi before the
+deprecated rocm-smi, nvidia-smi); with AMD hardware, access to /dev/kfd and the render nodes and the
+video/render groups; each GPU's arch against `torch.cuda.get_arch_list()`; /dev/shm against what the
+guide's loop's DataLoader workers need; the providers ONNX Runtime and the devices OpenVINO can use.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from inceptionlab.host import cpu_model_name
+from inceptionlab.host import cpu_model_name, shared_memory_space
 from inceptionlab.runtime import cpu_capability
-from inceptionlab.torch_build import (TorchInfo, base_interpreter, build_kind, describe_build, probe_torch,
+from inceptionlab.torch_build import (AMD_DEVICE_FILES, NVIDIA_DEVICE_FILES, ORT_NVIDIA, TorchInfo, base_interpreter,
+                                      build_kind, describe_build, gpu_signs, migraphx_advice, probe_torch,
                                       rocm_version, suggest_fix)
 
 if TYPE_CHECKING:
@@ -42,11 +49,21 @@ Status = Literal["ok", "warn", "fail"]
 FP32_RTOL = 1e-3
 FP32_ATOL = 1e-4
 
-GPU_TOOLS = ("nvidia-smi", "rocminfo", "rocm-smi")
+# Monitoring tools, preferred first: amd-smi replaces rocm-smi ("AMD SMI will replace rocm_smi_lib over
+# time. We recommend that users transition to AMD SMI": ROCm SMI's documentation; ROCm 7's TheRock
+# builds no longer ship it).
+GPU_TOOLS = ("amd-smi", "rocm-smi", "nvidia-smi", "rocminfo")
+AMD_SMI_INSTALL = "`sudo apt install amd-smi-lib` (AMD's ROCm packages; `dnf` on RHEL)"
 VISIBILITY_VARS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-AMD_DEVICE_FILES = ("/dev/kfd",)
-NVIDIA_DEVICE_FILES = ("/dev/nvidia0",)
 RENDER_NODES_GLOB = "/dev/dri/renderD*"
+GPU_GROUPS = ("render", "video")
+CONTAINER_DEVICES = "docker run --device=/dev/kfd --device=/dev/dri --group-add video --group-add render"
+# HSA_OVERRIDE_GFX_VERSION makes ROCm run a sibling's kernels on a GPU this torch has none for:
+# (family prefix, family, the sibling torch builds for, the value). RDNA2 gfx1031/1032/1034/1035/1036 ->
+# gfx1030 (e.g. ROCm/rocALUTION#197, pytorch/pytorch#132570 on gfx1031); RDNA3 gfx1101/1102/1103 ->
+# gfx1100 (ROCm/bitsandbytes#29). Not supported by AMD, and it can hang a GPU whose ISA differs too much
+# (ROCm/TheRock#1184, gfx1103): suggested by name, never set.
+GFX_OVERRIDES = (("gfx103", "RDNA2", "gfx1030", "10.3.0"), ("gfx110", "RDNA3", "gfx1100", "11.0.0"))
 
 
 # --------------------------------------------------------------------------- data types
@@ -101,8 +118,58 @@ def _current_user_groups() -> frozenset[str]:
     return frozenset(names)
 
 
+def _account_groups() -> frozenset[str]:
+    """Groups the account belongs to in the group database (/etc/group), active in this login or not."""
+    try:
+        import grp
+        import pwd  # POSIX only
+    except ImportError:  # not POSIX
+        return frozenset()
+    try:
+        user = pwd.getpwuid(os.getuid())
+    except KeyError:  # a container user without a passwd entry
+        return frozenset()
+    names = {g.gr_name for g in grp.getgrall() if user.pw_name in g.gr_mem}
+    try:
+        names.add(grp.getgrgid(user.pw_gid).gr_name)
+    except KeyError:
+        pass
+    return frozenset(names)
+
+
 def _torch_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _torch_gpu_arch(index: int) -> str | None:
+    """The GPU's arch as torch's arch list spells it: "gfx90a" (ROCm) or "sm_86" (CUDA)."""
+    props = torch.cuda.get_device_properties(index)
+    if getattr(torch.version, "hip", None):
+        gfx = getattr(props, "gcnArchName", None)
+        return gfx.split(":")[0] if gfx else None  # "gfx90a:sramecc+:xnack-" -> "gfx90a"
+    return f"sm_{props.major}{props.minor}"
+
+
+def _torch_arch_list() -> list[str]:
+    try:
+        return list(torch.cuda.get_arch_list())
+    except Exception:  # a build without GPU support, or an uninitialisable driver
+        return []
+
+
+def _runtime_targets() -> dict[str, list[str] | None]:
+    """What each inference runtime can run on here (None: not installed): ONNX Runtime's providers
+    (`get_available_providers()`: those compiled into the installed package) and OpenVINO's devices."""
+    from inceptionlab.infer.runtimes import ort_installed_providers  # start-up time: onnxruntime, on use
+
+    targets: dict[str, list[str] | None] = {"onnxruntime": ort_installed_providers() or None}
+    try:
+        import openvino  # optional extra (openvino), imported on use
+    except ImportError:
+        targets["openvino"] = None
+    else:
+        targets["openvino"] = list(openvino.Core().available_devices)
+    return targets
 
 
 def _torch_gpu_init_error() -> str | None:
@@ -138,6 +205,11 @@ class SystemProbes:
     gpu_init_error: Callable[[], str | None] = _torch_gpu_init_error
     system_torch: Callable[[], TorchInfo | None] = _system_torch
     rocm_version: Callable[[], str | None] = rocm_version
+    account_groups: Callable[[], frozenset[str]] = _account_groups
+    gpu_arch: Callable[[int], str | None] = _torch_gpu_arch
+    arch_list: Callable[[], list[str]] = _torch_arch_list
+    shared_memory: Callable[[], tuple[int, int] | None] = shared_memory_space
+    runtime_targets: Callable[[], dict[str, list[str] | None]] = _runtime_targets
 
 
 @dataclass
@@ -434,9 +506,198 @@ def build_check(build: BuildInfo) -> Check:
 
 
 def tools_check(probes: SystemProbes) -> Check:
+    """Which GPU monitoring tools exist, the one to use, and what to install where one is missing."""
     found = {tool: probes.which(tool) for tool in GPU_TOOLS}
-    detail = ", ".join(f"{tool} {path}" if path else f"{tool} absent" for tool, path in found.items())
-    return Check("tools", "ok", detail)
+    listing = ", ".join(f"{tool} {path}" if path else f"{tool} absent" for tool, path in found.items())
+    notes, status = [], "ok"
+    if found["amd-smi"]:
+        notes.append("monitor AMD GPUs with amd-smi")
+    elif found["rocm-smi"]:
+        notes.append(f"only rocm-smi, which is deprecated (amd-smi replaces it): install amd-smi, {AMD_SMI_INSTALL}")
+    elif _amd_evidence(probes):
+        status = "warn"
+        notes.append(f"AMD GPU hardware but no amd-smi to monitor it: {AMD_SMI_INSTALL}")
+    if found["nvidia-smi"]:
+        notes.append("monitor NVIDIA GPUs with nvidia-smi")
+    elif _nvidia_evidence(probes):
+        status = "warn"
+        notes.append("NVIDIA GPU hardware but no nvidia-smi: it comes with the driver's utilities "
+                     "(`sudo apt install nvidia-utils-<driver branch>`)")
+    return Check("tools", status, "; ".join([listing, *notes]))
+
+
+# --------------------------------------------------------------------------- AMD device access
+
+
+def gpu_access_check(probes: SystemProbes) -> Check | None:
+    """With AMD hardware (or ROCm tools) present: /dev/kfd and the render nodes exist and are readable
+    and writable; if not, the exact fix (groups, a new login, the container's --device flags)."""
+    if not _amd_evidence(probes):
+        return None
+    nodes = sorted(probes.glob_paths(RENDER_NODES_GLOB))
+    missing = [path for path in AMD_DEVICE_FILES if not probes.exists(path)] + ([] if nodes else [RENDER_NODES_GLOB])
+    if missing:
+        return Check("gpu access", "fail", (
+            f"{' and '.join(missing)} missing: the amdgpu driver is not loaded (`sudo modprobe amdgpu`; "
+            f"`dmesg | grep -i amdgpu` says why), or this is a container started without the devices: `{CONTAINER_DEVICES}`"))
+    denied = [path for path in (*AMD_DEVICE_FILES, *nodes) if not probes.accessible(path)]
+    groups = probes.user_groups()
+    if not denied:
+        member = ", ".join(g for g in GPU_GROUPS if g in groups) or "neither render nor video, but the files allow it"
+        return Check("gpu access", "ok", f"{', '.join((*AMD_DEVICE_FILES, *nodes))} readable and writable (groups: {member})")
+    return Check("gpu access", "fail", f"no read/write access to {', '.join(denied)}: {_access_fix(groups, probes.account_groups())}")
+
+
+def _access_fix(active: frozenset[str], account: frozenset[str]) -> str:
+    lacking = [g for g in GPU_GROUPS if g not in active]
+    pending = [g for g in lacking if g in account]
+    if pending:
+        return (f"you were added to {'/'.join(pending)} but this login predates it: log out and back in "
+                f"(or `newgrp {pending[0]}` in this shell)")
+    if lacking:
+        return (f"you are not in the {'/'.join(lacking)} group(s): `sudo usermod -aG render,video $USER`, then log "
+                f"out and back in (in a container: `{CONTAINER_DEVICES}`)")
+    return ("you are in the render and video groups, so the files' own permissions are wrong: `ls -l /dev/kfd "
+            "/dev/dri/renderD*` shows their group and mode (the amdgpu udev rules set render, mode 0660)")
+
+
+# --------------------------------------------------------------------------- GPU arch vs torch's kernels
+
+
+def arch_runs(arch: str, arch_list: list[str]) -> str | None:
+    """The entry of torch's arch list whose kernels run on `arch`, or None.
+
+    ROCm: only the same gfx target (no compatibility across targets). CUDA: a cubin of the same major
+    and an equal or lower minor (sm_80 runs on sm_86), an arch-specific one ("sm_90a") only on that
+    exact GPU, or PTX ("compute_80") of an equal or lower capability, compiled at first use.
+    """
+    if arch.startswith("gfx"):
+        return next((entry for entry in arch_list if entry.split(":")[0] == arch), None)
+    device = _capability(arch)
+    if device is None:
+        return None
+    cubins, ptx = [], []
+    for entry in arch_list:
+        kind, _, number = entry.partition("_")
+        built = _capability(entry)
+        if built is None:
+            continue
+        specific = number[-1:].isalpha()  # sm_90a, sm_100f: arch- or family-specific
+        if kind == "sm" and built[0] == device[0] and (built[1] == device[1] if specific else built[1] <= device[1]):
+            cubins.append((built, entry))
+        elif kind == "compute" and not specific and built <= device:
+            ptx.append((built, entry))
+    # The closest binary first (what CUDA loads), PTX only where no binary runs.
+    return max(cubins)[1] if cubins else max(ptx)[1] if ptx else None
+
+
+def _capability(arch: str) -> tuple[int, int] | None:
+    digits = "".join(ch for ch in arch.partition("_")[2] if ch.isdigit())
+    return (int(digits[:-1]), int(digits[-1])) if len(digits) >= 2 else None
+
+
+def gfx_override(arch: str, arch_list: list[str]) -> tuple[str, str, str] | None:
+    """(family, sibling, HSA_OVERRIDE_GFX_VERSION value) where a family sibling's kernels are in the list."""
+    bases = {entry.split(":")[0] for entry in arch_list}
+    for prefix, family, sibling, value in GFX_OVERRIDES:
+        if arch.startswith(prefix) and arch != sibling and sibling in bases:
+            return family, sibling, value
+    return None
+
+
+def arch_check(device: str, arch: str | None, arch_list: list[str], build: BuildInfo, env: Mapping[str, str]) -> Check:
+    """Does this torch have kernels for the GPU's arch? If not, every kernel fails at its first launch."""
+    name = f"arch {device}"
+    if not arch or not arch_list:
+        return Check(name, "ok", f"{arch or 'arch unknown'}; torch reports no arch list to compare with")
+    match = arch_runs(arch, arch_list)
+    if match == arch:
+        return Check(name, "ok", f"{arch}: this torch has kernels for it")
+    if match:
+        how = "PTX compiled at first use (slow start)" if match.startswith("compute") else "binary-compatible kernels"
+        return Check(name, "ok", f"{arch}: runs this torch's {match} ({how})")
+    built = ", ".join(arch_list)
+    this_torch = f"torch {torch.__version__} ({build.describe()})"
+    if build.kind == "rocm":
+        lines = [f"{arch} is not among the archs {this_torch} has kernels for ({built}): every GPU kernel fails "
+                 "with 'HIP error: invalid device function'"]
+        override = gfx_override(arch, arch_list)
+        if env.get("HSA_OVERRIDE_GFX_VERSION"):
+            lines.append(f"HSA_OVERRIDE_GFX_VERSION={env['HSA_OVERRIDE_GFX_VERSION']} is set, yet ROCm reports {arch}")
+        elif override:
+            family, sibling, value = override
+            lines.append(f"{arch} is {family}: `export HSA_OVERRIDE_GFX_VERSION={value}` before starting runs "
+                         f"{sibling}'s kernels on it (not supported by AMD; inceptionlab never sets it)")
+        lines.append(f"or install a torch built for {arch} (AMD's ROCm wheels list their archs; a source build "
+                     f"takes PYTORCH_ROCM_ARCH={arch})")
+        return Check(name, "fail", "\n".join(lines))
+    return Check(name, "fail", (
+        f"{arch} is not among the archs {this_torch} has kernels for ({built}): every GPU kernel fails with 'no "
+        f"kernel image is available for execution on the device'; install a torch built for {arch}: a newer CUDA "
+        "wheel, `make clean setup TORCH_INDEX=.../whl/cuXYZ` (pytorch.org/get-started/locally lists which)"))
+
+
+# --------------------------------------------------------------------------- /dev/shm for DataLoader workers
+
+
+def shm_check(probes: SystemProbes) -> Check:
+    """Is /dev/shm big enough for the guide's loop's DataLoader workers (default count)?"""
+    from inceptionlab.config import load_recipe
+    from inceptionlab.data.loading.sampler import default_num_workers
+    from inceptionlab.data.loading.shared_memory import MIB, shm_fix, shm_needed, workers_that_fit
+    from inceptionlab.data.loading.workers import PREFETCH
+
+    space = probes.shared_memory()
+    if space is None:
+        return Check("shm", "ok", "no /dev/shm here: DataLoader workers share memory another way")
+    size, free = space
+    guide = load_recipe("inception_v3/tiny_imagenet")
+    # What a worker hands over on the guide's path: uint8 crops, 3 x crop x crop each.
+    batch = guide.train.batch_size * 3 * guide.data.train_crop_size**2
+    workers = default_num_workers()
+    needed = shm_needed(workers, PREFETCH, batch)
+    have = f"/dev/shm {size / MIB:.0f} MiB, {free / MIB:.0f} MiB free"
+    loop = (f"the guide's loop ({workers} DataLoader workers x {PREFETCH} prefetched batches + 1, "
+            f"{guide.train.batch_size} x 3 x {guide.data.train_crop_size}^2 uint8 = {batch / MIB:.1f} MiB each) "
+            f"needs {needed / MIB:.0f} MiB")
+    if free >= needed:
+        return Check("shm", "ok", f"{have}: {loop}")
+    fitting = workers_that_fit(workers, PREFETCH, batch, free)
+    return Check("shm", "warn", (
+        f"{have}, but {loop} (Docker's default is 64 MiB: too little gives 'bus error' in the workers); loaders "
+        f"lower num_workers to what fits ({fitting} here) and say so; to keep them all: {shm_fix(needed)}"))
+
+
+# --------------------------------------------------------------------------- inference runtimes
+
+
+def runtime_checks(probes: SystemProbes, gpu: str | None) -> list[Check]:
+    """The providers ONNX Runtime and the devices OpenVINO can use here; with a GPU present (`gpu`:
+    "nvidia" or "amd") but only CPU providers, the command that installs the GPU package."""
+    targets = probes.runtime_targets()
+    checks = []
+    providers = targets.get("onnxruntime")
+    if providers is None:
+        checks.append(Check("onnxruntime", "ok", "not installed (the `onnx` extra: pip install 'inceptionlab[onnx]')"))
+    else:
+        listing = f"providers: {', '.join(providers)}"
+        python = sys.executable
+        if gpu == "nvidia" and "CUDAExecutionProvider" not in providers:
+            checks.append(Check("onnxruntime", "warn", (
+                f"{listing}: the CPU-only package, with an NVIDIA GPU here: `{python} -m pip uninstall -y onnxruntime "
+                f"&& {python} -m pip install {ORT_NVIDIA}` (`make clean setup` picks it where torch sees the GPU)")))
+        elif gpu == "amd" and "MIGraphXExecutionProvider" not in providers:
+            checks.append(Check("onnxruntime", "warn", (
+                f"{listing}: no MIGraphX provider for the AMD GPU here: {migraphx_advice(python, probes.rocm_version())}")))
+        else:
+            checks.append(Check("onnxruntime", "ok", listing))
+    devices = targets.get("openvino")
+    if devices is None:
+        checks.append(Check("openvino", "ok", "not installed (the `openvino` extra)"))
+    else:
+        note = "; OpenVINO runs on CPUs and Intel GPUs only" if gpu else ""
+        checks.append(Check("openvino", "ok", f"devices: {', '.join(devices)}{note}"))
+    return checks
 
 
 # --------------------------------------------------------------------------- GPU expectation
@@ -444,17 +705,23 @@ def tools_check(probes: SystemProbes) -> Check:
 
 def gpu_evidence(probes: SystemProbes) -> list[str]:
     """Signs of GPU hardware or drivers on this host, as human-readable reasons."""
-    evidence = [f"{path} exists" for path in (*AMD_DEVICE_FILES, *NVIDIA_DEVICE_FILES) if probes.exists(path)]
-    evidence += [f"{tool} is on PATH" for tool in ("nvidia-smi", "rocminfo") if probes.which(tool)]
-    return evidence
+    return gpu_signs("amd", probes.exists, probes.which) + gpu_signs("nvidia", probes.exists, probes.which)
 
 
 def _amd_evidence(probes: SystemProbes) -> bool:
-    return any(probes.exists(p) for p in AMD_DEVICE_FILES) or probes.which("rocminfo") is not None
+    return bool(gpu_signs("amd", probes.exists, probes.which))
 
 
 def _nvidia_evidence(probes: SystemProbes) -> bool:
-    return any(probes.exists(p) for p in NVIDIA_DEVICE_FILES) or probes.which("nvidia-smi") is not None
+    return bool(gpu_signs("nvidia", probes.exists, probes.which))
+
+
+def gpu_vendor(build: BuildInfo, gpu_count: int, probes: SystemProbes) -> str | None:
+    """Whose GPU this machine has: the one torch sees, else the one its hardware signs point to."""
+    if gpu_count:
+        return "amd" if build.kind == "rocm" else "nvidia"
+    amd, nvidia = _amd_evidence(probes), _nvidia_evidence(probes)
+    return "amd" if amd and not nvidia else "nvidia" if nvidia and not amd else None
 
 
 def no_gpu_causes(build: BuildInfo, probes: SystemProbes) -> list[str]:
@@ -506,12 +773,7 @@ def _permission_causes(probes: SystemProbes) -> list[str]:
     denied = [p for p in nodes if not probes.accessible(p)]
     if not denied:
         return []
-    missing = [g for g in ("render", "video") if g not in probes.user_groups()]
-    groups = f"you are not in the {'/'.join(missing)} group(s)" if missing else "group membership looks right"
-    return [
-        f"no read/write access to {', '.join(denied)} ({groups}): "
-        "`sudo usermod -aG render,video $USER`, then log out and back in"
-    ]
+    return [f"no read/write access to {', '.join(denied)}: {_access_fix(probes.user_groups(), probes.account_groups())}"]
 
 
 def setup_fix(build: BuildInfo, probes: SystemProbes) -> str | None:
@@ -531,7 +793,7 @@ def gpu_visibility_check(
     if gpu_count:
         return Check("gpu", "ok", f"{gpu_count} visible to torch")
     if not expect_gpu and not evidence:
-        detail = "none visible, none expected (no /dev/kfd, /dev/nvidia0, nvidia-smi or rocminfo)"
+        detail = "none visible, none expected (no /dev/kfd, /dev/nvidia0, amd-smi, rocm-smi, rocminfo or nvidia-smi)"
         return Check("gpu", "ok", detail)
     why = ["--expect-gpu was given"] if expect_gpu else []
     why += evidence
@@ -581,16 +843,23 @@ def run_doctor(
     cpu_entry, cpu_checks, cpu_reference = _cpu_device(case)
     checks += cpu_checks
     checks.append(tools_check(probes))
+    access = gpu_access_check(probes)
+    if access is not None:
+        checks.append(access)
 
     gpu_count = probes.gpu_count()
     gpu_missing = not gpu_count and (expect_gpu or bool(gpu_evidence(probes)))
     fix = setup_fix(build, probes) if gpu_missing else None
     checks.append(gpu_visibility_check(expect_gpu, gpu_count, build, probes, fix))
     devices = [cpu_entry]
+    arch_list = probes.arch_list() if gpu_count else []
     for index in range(gpu_count):
+        checks.append(arch_check(f"cuda:{index}", probes.gpu_arch(index), arch_list, build, probes.env))
         entry, gpu_checks = _gpu_device(index, build, case, cpu_reference)
         devices.append(entry)
         checks += gpu_checks
+    checks.append(shm_check(probes))
+    checks += runtime_checks(probes, gpu_vendor(build, gpu_count, probes))
     if train is not None:
         from inceptionlab.doctor_train import train_checks  # only when asked: it loads scikit-learn's digits
 

@@ -52,14 +52,46 @@ def package_versions() -> dict[str, str]:
     return found
 
 
+# The /proc/cpuinfo flags that decide CPU speed settings (hardware.py): AVX2 only, AVX-512, bf16 units
+# (AVX-512 bf16 on Zen 4 and Cooper Lake, AMX on Sapphire Rapids), fp16 units.
+SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "amx_fp16")
+
+
+def cpu_flags() -> frozenset[str]:
+    """Every flag /proc/cpuinfo lists for the first CPU (empty where there is no /proc)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
 def environment() -> dict[str, Any]:
     """The machine and software a figure was measured on, as far as they are known without torch."""
+    flags = cpu_flags()
     return {
         "versions": package_versions(),
         "cpu": cpu_model_name(),
+        "cpu_flags": [flag for flag in SPEED_FLAGS if flag in flags],
         "cpu_count": os.cpu_count(),
         "host": platform.node(),
         "load_average": load_average(),
         "argv": list(sys.argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+SHARED_MEMORY = "/dev/shm"
+
+
+def shared_memory_space(path: str = SHARED_MEMORY) -> tuple[int, int] | None:
+    """(size, free) of /dev/shm in bytes, where DataLoader workers hand their batches over; None where
+    there is none (macOS, Windows)."""
+    try:
+        stat = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize

@@ -9,27 +9,31 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only: no display needed, safe in workers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from inceptionlab.fileio import atomic_write, read_jsonl  # noqa: E402
+from inceptionlab.fileio import atomic_write, read_jsonl
 
 
 def _read_rows(run_dir: Path) -> list[dict]:
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
-def save_figure(fig: plt.Figure, path: Path) -> Path:
-    """Write a figure atomically (temp name + rename) and close it."""
-    try:
-        atomic_write(path, lambda handle: fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=120,
-                                                      bbox_inches="tight"))
-    finally:
-        plt.close(fig)
+def new_figure(figsize: tuple[float, float], rows: int = 1, cols: int = 1, **subplots: Any) -> tuple[Figure, Any]:
+    """A figure drawn by Agg into files, and its axes: matplotlib's object API, so nothing of the process
+    changes (no `matplotlib.use`, no pyplot figure registry to close, safe beside a GUI or in threads)."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, **subplots)
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write a figure atomically (temp name + rename)."""
+    atomic_write(path, lambda handle: fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=120,
+                                                  bbox_inches="tight"))
     return path
 
 
@@ -37,7 +41,7 @@ def plot_curves(run_dir: Path, rows: list[dict], keys: list[tuple[str, str]], yl
     present = [(k, label) for k, label in keys if any(k in r for r in rows)]
     if not rows or not present:
         return None
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = new_figure((6.4, 4.0))
     for key, label in present:
         points = [(r["epoch"], r[key]) for r in rows if key in r]
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=label)
@@ -59,7 +63,7 @@ def plot_confusion(csv_path: Path, out: Path) -> Path | None:
     normalised = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
     n = len(labels)
     size = min(4 + n * 0.35, 16)
-    fig, ax = plt.subplots(figsize=(size, size))
+    fig, ax = new_figure((size, size))
     image = ax.imshow(normalised, cmap="Blues", vmin=0, vmax=1)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of true class")
     if n <= 40:  # beyond that, tick labels are unreadable anyway
@@ -106,7 +110,7 @@ def plot_samples(images, labels: list[str], path: Path) -> Path:
     n = len(images)
     cols = min(8, n)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.4, rows * 1.6), squeeze=False)
+    fig, axes = new_figure((cols * 1.4, rows * 1.6), rows, cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, image, label in zip(axes.flat, images, labels):
@@ -121,7 +125,7 @@ def plot_predictions(images, probs, targets, labels: list[str], path: Path) -> P
     n = len(images)
     cols = 3
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, 2 * cols, figsize=(2 * cols * 1.6, rows * 1.7), squeeze=False)
+    fig, axes = new_figure((2 * cols * 1.6, rows * 1.7), rows, 2 * cols, squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for i in range(n):

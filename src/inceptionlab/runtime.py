@@ -70,9 +70,8 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.benchmark = False
-    elif torch.cuda.is_available():
-        torch.backends.cudnn.benchmark = True  # fixed input sizes: let cuDNN/MIOpen pick kernels
+    # cudnn.benchmark and TF32 are set per run by hardware.gpu_settings (on for NVIDIA, off for MIOpen's
+    # exhaustive search on ROCm), not switched here for the whole process.
 
 
 def cpu_capability() -> str:
@@ -94,6 +93,8 @@ def environment(device: torch.device | str, world_size: int = 1) -> dict[str, An
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else host.cpu_model_name(),
         "cpu_capability": cpu_capability(),
+        # oneDNN's own answer (it honours ONEDNN_MAX_CPU_ISA): bf16 autocast is native, not emulated.
+        "cpu_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) if torch.backends.mkldnn.is_available() else False,
         "torch_threads": torch.get_num_threads(),
         "world_size": world_size,
     }

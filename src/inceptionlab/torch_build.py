@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Importing torch takes 2-10 s; a minute means the interpreter hangs (e.g. a stuck GPU driver).
@@ -46,6 +47,14 @@ else:
         info["torchvision"] = torchvision.__version__
     except Exception:
         info["torchvision"] = None
+from importlib.metadata import PackageNotFoundError, version
+info["ort"] = []
+for name in ("onnxruntime", "onnxruntime-gpu", "onnxruntime-migraphx"):
+    try:
+        version(name)
+    except PackageNotFoundError:
+        continue
+    info["ort"].append(name)
 print("INCEPTIONLAB_PROBE " + json.dumps(info))
 """
 
@@ -60,6 +69,8 @@ class TorchInfo:
     gpu_count: int = 0
     torchvision: str | None = None
     file: str | None = None
+    # The ONNX Runtime packages beside it (a container's own GPU build is kept): not part of torch's identity.
+    ort_packages: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def kind(self) -> str:
@@ -102,6 +113,7 @@ def probe_torch(python: str, run: Callable[..., subprocess.CompletedProcess] = s
         gpu_count=int(info.get("gpu_count") or 0),
         torchvision=info.get("torchvision"),
         file=info.get("file"),
+        ort_packages=tuple(info.get("ort") or ()),
     )
 
 
@@ -161,3 +173,79 @@ def suggest_fix(
             "pick the cuXYZ that nvidia-smi's CUDA version supports)"
         )
     return None
+
+
+# --------------------------------------------------------------------------- the machine's GPUs
+
+# Signs of GPU hardware or drivers on a host, before any torch is imported (set-up runs before one is
+# installed; doctor asks when torch sees none). amd-smi replaces rocm-smi (ROCm SMI's own docs:
+# "AMD SMI will replace rocm_smi_lib over time"); either, or rocminfo, means a ROCm install.
+AMD_DEVICE_FILES = ("/dev/kfd",)
+NVIDIA_DEVICE_FILES = ("/dev/nvidia0",)
+AMD_TOOLS = ("amd-smi", "rocm-smi", "rocminfo")
+NVIDIA_TOOLS = ("nvidia-smi",)
+
+
+def gpu_signs(vendor: str, exists: Callable[[str], bool] = os.path.exists,
+              which: Callable[[str], str | None] = shutil.which) -> list[str]:
+    """Why this host looks like it has `vendor`'s ("amd" or "nvidia") GPUs, as readable reasons."""
+    files, tools = (AMD_DEVICE_FILES, AMD_TOOLS) if vendor == "amd" else (NVIDIA_DEVICE_FILES, NVIDIA_TOOLS)
+    return [f"{path} exists" for path in files if exists(path)] + [f"{tool} is on PATH" for tool in tools if which(tool)]
+
+
+# --------------------------------------------------------------------------- ONNX Runtime's package
+
+# ONNX Runtime ships one package per hardware target, each with the same `onnxruntime` module: two of
+# them in one environment overwrite each other's files, so set-up installs exactly one.
+ORT_CPU = "onnxruntime"  # CPU provider only (the `onnx` extra)
+ORT_NVIDIA = "onnxruntime-gpu"  # + CUDA and TensorRT providers (the `onnx-gpu` extra)
+ORT_AMD = "onnxruntime-migraphx"  # + AMD's MIGraphX provider: AMD builds it per ROCm release
+ORT_PACKAGES = (ORT_CPU, ORT_NVIDIA, ORT_AMD)
+ORT_EXTRAS = {ORT_CPU: "onnx", ORT_NVIDIA: "onnx-gpu"}
+AMD_WHEELS_HINT = ("AMD's wheel folder for ROCm {rocm}: the ROCm docs' \"Install ONNX Runtime for Radeon GPUs\" "
+                   "page names it; MIGraphX itself comes with ROCm (`apt install migraphx`)")
+
+
+@dataclass(frozen=True)
+class OrtChoice:
+    """Which ONNX Runtime package an environment gets, why, and a step set-up leaves to the user."""
+
+    package: str
+    reason: str
+    advice: str | None = None  # a command to run by hand (AMD's package is not on the package index)
+
+    @property
+    def extra(self) -> str | None:
+        """The pyproject extra that installs `package`; None for one installed by hand."""
+        return ORT_EXTRAS.get(self.package)
+
+
+def migraphx_advice(python: str = "python", rocm: str | None = None) -> str:
+    """The commands that swap the CPU-only onnxruntime for AMD's MIGraphX build (printed, never run)."""
+    where = "AMD_WHEELS"
+    return (f"`{python} -m pip uninstall -y {ORT_CPU} && {python} -m pip install {ORT_AMD} -f {where}`, "
+            f"{where} being {AMD_WHEELS_HINT.format(rocm=rocm or 'X.Y (/opt/rocm/.info/version)')}")
+
+
+def choose_ort_package(gpu: str | None, *, python: str = "python", rocm: str | None = None,
+                       installed: frozenset[str] = frozenset(), asked: str = "auto") -> OrtChoice:
+    """The ONNX Runtime package for a torch that uses `gpu` ("nvidia", "amd" or None).
+
+    NVIDIA: onnxruntime-gpu, whose CUDA and TensorRT providers the CPU-only package lacks. AMD: the
+    CPU-only package plus the command for AMD's MIGraphX build, which is published per ROCm release
+    outside the package index (set-up never installs from an index the user did not name). An
+    onnxruntime-migraphx already `installed` (by that command, or in a ROCm container's Python whose
+    torch the venv reuses) is kept. `asked`: auto | cpu | gpu.
+    """
+    if asked == "cpu":
+        return OrtChoice(ORT_CPU, "ONNX_RUNTIME=cpu: the CPU-only onnxruntime")
+    if asked == "gpu" and gpu != "amd":
+        return OrtChoice(ORT_NVIDIA, "ONNX_RUNTIME=gpu: onnxruntime-gpu (CUDA and TensorRT providers)")
+    if gpu == "amd":
+        if ORT_AMD in installed:
+            return OrtChoice(ORT_AMD, f"keeping the {ORT_AMD} already installed (MIGraphX provider)")
+        return OrtChoice(ORT_CPU, "ROCm torch: the CPU-only onnxruntime; its MIGraphX provider is AMD's own build",
+                         advice=f"for ONNX Runtime on the AMD GPU: {migraphx_advice(python, rocm)}")
+    if gpu == "nvidia":
+        return OrtChoice(ORT_NVIDIA, "torch uses an NVIDIA GPU: onnxruntime-gpu (CUDA and TensorRT providers)")
+    return OrtChoice(ORT_CPU, "no GPU for torch: the CPU-only onnxruntime")

@@ -5,20 +5,27 @@ command imports what it runs inside its function, so `inceptionlab --help` start
 instead of importing torch, torchvision and ONNX (~3.5 s) for every call.
 
 Every command turns `UserError` into a one-line `error: ...` on stderr and a non-zero exit,
-never a traceback.
+never a traceback. Any other exception is the program's own failure: its traceback is logged (the
+`inceptionlab` loggers, standard `logging`, configured here once per command, never at import), a
+one-line summary follows, and the exit status is `INTERNAL_ERROR_EXIT` (70); `--debug` or
+INCEPTIONLAB_DEBUG=1 re-raise it instead, with the full traceback.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
+import os
 import sys
+import warnings
+from dataclasses import dataclass
 
 import typer
 
 # The command modules import only typer and the shared options at the top: what a command runs is
 # imported inside it, so registering all of them costs no start-up time.
 from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, serve, train
-from inceptionlab.errors import UserError
+from inceptionlab.errors import INTERNAL_ERROR_EXIT, UserError, summary_of
 
 app = typer.Typer(
     name="inceptionlab",
@@ -27,6 +34,78 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+DEBUG_ENV = "INCEPTIONLAB_DEBUG"
+PACKAGE_LOGGER = "inceptionlab"
+_HANDLER_NAME = "inceptionlab-cli"
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Invocation:
+    """What the global options asked for, for the command that runs now (main() resets it)."""
+
+    debug: bool = False
+
+
+_invocation = _Invocation()
+
+
+@app.callback()
+def _global_options(
+    debug: bool = typer.Option(False, "--debug", help=f"Log at DEBUG level, and let the program's own failures "
+                               f"raise with their full traceback instead of exiting {INTERNAL_ERROR_EXIT} "
+                               f"(also {DEBUG_ENV}=1)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Log at INFO level (the default is WARNING)."),
+) -> None:
+    _invocation.debug = _invocation.debug or debug
+    configure_logging(logging.DEBUG if _invocation.debug else logging.INFO if verbose else logging.WARNING)
+    quiet_image_warnings()
+
+
+def configure_logging(level: int) -> None:
+    """The package's loggers write `LEVEL logger: message` lines to stderr from `level` up.
+
+    Only the `inceptionlab` logger is configured (uvicorn, grpc and torch keep their own), and its
+    records still propagate to the root logger (pytest's caplog, an embedding application's handlers).
+    """
+    package = logging.getLogger(PACKAGE_LOGGER)
+    _remove_handler()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    package.addHandler(handler)
+    package.setLevel(level)
+
+
+def _remove_handler() -> None:
+    package = logging.getLogger(PACKAGE_LOGGER)
+    for handler in [h for h in package.handlers if h.get_name() == _HANDLER_NAME]:
+        package.removeHandler(handler)
+
+
+def quiet_image_warnings() -> None:
+    """Silence PIL's per-file warnings for this command's process: images between its decompression-bomb
+    limit (89 Mpx) and twice that decode fine and are resized anyway (above, decoding fails with a one-line
+    error), and phone photos often carry EXIF blocks PIL calls corrupt; a warning per file would drown
+    `predict`'s and the server's output. Set here, once, by the application: the decoder used to wrap each
+    call in `warnings.catch_warnings()`, which swaps the process-wide filter list and, from the server's
+    decoding threads, could leave one thread's filters installed for good. DataLoader workers fork from
+    this process and inherit the filters."""
+    warnings.filterwarnings("ignore", message=r"Image size \(\d+ pixels\) exceeds limit", module=r"PIL\.Image$")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.TiffImagePlugin$")  # EXIF blocks
+
+
+def _debug_from_env() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _report_program_failure(exc: Exception) -> None:
+    """The traceback (with its chained causes) to the log, then one line that says what failed."""
+    log.error("the program failed (a bug or a broken installation, not your input); traceback:", exc_info=exc)
+    print(f"error: {summary_of(exc)} (internal failure, traceback above; --debug or {DEBUG_ENV}=1 re-raises it)",
+          file=sys.stderr)
 
 
 def _register() -> None:
@@ -39,6 +118,11 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Before any command imports torch: MIOpen reads its cache locations once, at load (hardware.py).
+    from inceptionlab.hardware import prepare_process_environment
+
+    prepare_process_environment()
+    _invocation.debug = _debug_from_env()
     try:
         app(args=argv, prog_name="inceptionlab", standalone_mode=True)
     except UserError as exc:
@@ -47,6 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as exc:  # the program's own failure: logged with its traceback, never swallowed
+        if _invocation.debug:
+            raise
+        _report_program_failure(exc)
+        sys.exit(INTERNAL_ERROR_EXIT)
+    finally:
+        _remove_handler()  # the stream it holds belongs to this call (tests run many in one process)
 
 
 def program() -> None:

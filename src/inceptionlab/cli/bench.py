@@ -23,8 +23,10 @@ def bench(
     model: Optional[str] = options.model_option(),
     weights: Optional[str] = options.weights_option(),
     backend: str = typer.Option("eager", "--backend", help="Comma list: eager, compile, onnxruntime, openvino."),
-    precision: str = typer.Option("fp32", "--precision", help="Comma list: fp32, bf16, fp16, int8."),
-    layout: str = typer.Option("nchw", "--layout", help="PyTorch backends: comma list of nchw, channels_last."),
+    precision: str = typer.Option("auto", "--precision", help="Comma list: fp32, bf16, fp16, int8; auto: fp32 and "
+                                                             "the reduced float precisions this device has units for."),
+    layout: str = typer.Option("auto", "--layout", help="PyTorch backends: comma list of nchw, channels_last; "
+                                                         "auto: both."),
     batch: str = typer.Option("1", "--batch", help="Comma list of batch sizes, e.g. 1,8,32."),
     iters: int = typer.Option(100, "--iters", min=1, help="Timed calls per configuration and batch size."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls after the first."),
@@ -68,12 +70,17 @@ def bench(
         return
     from inceptionlab.fileio import append_jsonl
     from inceptionlab.infer.bench import BenchSettings, parse_batches, parse_list, plan
-    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target
+    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, check_provider_name
     from inceptionlab.runtime import environment, resolve_device
 
-    configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), parse_list(precision, PRECISIONS, "--precision"),
-                   parse_list(layout, TORCH_LAYOUTS, "--layout"))
+    from inceptionlab import hardware
+
+    check_provider_name(provider)
     target = Target(str(resolve_device(device)), provider, tune)
+    facts = hardware.device_facts(target.device)
+    precisions = parse_list(precision, ("auto", *PRECISIONS), "--precision")
+    configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), precisions,
+                   parse_list(layout, ("auto", *TORCH_LAYOUTS), "--layout"), facts)
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
                              holdout, calibration, min_agreement, onnx)
     from inceptionlab.infer.bench import run_bench
@@ -88,6 +95,7 @@ def bench(
             for row in rows:
                 print(json.dumps(row), flush=True)
 
+    _announce(facts, precisions)  # after every option is checked: a bad one stays a one-line error
     report = run_bench(source, configs, settings, log=_log, on_rows=emit)
     env = environment(target.device)
     # Every option as parsed (defaults too, the output switches left out): rerunning it reproduces the row.
@@ -103,6 +111,21 @@ def bench(
 
         for path in plot_bench_run(source.home):
             _log(f"plot {path}")
+
+
+def _announce(facts, precisions: list[str]) -> None:
+    """Before minutes are spent: what `auto` left out here, and any named precision that is emulated."""
+    from inceptionlab import hardware
+    from inceptionlab.infer.bench import auto_precisions
+
+    if "auto" in precisions:
+        found, ruled_out = auto_precisions(facts)
+        dropped = "; ".join(f"{name}: {why}" for name, why in ruled_out.items())
+        _log(f"--precision auto on {facts.describe()}: {', '.join(found)}" + (f" (not {dropped})" if dropped else ""))
+    for name in precisions:
+        warning = hardware.emulation_warning(facts, name)
+        if warning:
+            _log(f"warning: {warning}")
 
 
 def _print_table(report, source, env, settings) -> None:

@@ -1,7 +1,7 @@
 """`inceptionlab demo` (= `make demo`): the main job end to end on embedded data, no network.
 
 Builds an ImageFolder from scikit-learn's real handwritten digits, trains Inception v3 on it at
-80 px on the CPU (a couple of minutes on 2 cores), evaluates it, plots the curves and the confusion
+80 px on the CPU (about 100 s on 2 cores), evaluates it, plots the curves and the confusion
 matrix, and classifies a few held-out test images.
 """
 
@@ -32,7 +32,7 @@ def demo(
 
     recipe = load_recipe("demo/digits", [f"data.root={data}", *overrides])
     print(f"demo: Inception v3 on scikit-learn digits ({recipe.train.epochs} epochs at "
-          f"{recipe.data.train_crop_size} px, {recipe.train.precision}); data in {data}")
+          f"{recipe.data.train_crop_size} px); data in {data}")
     outcome = fit(recipe, out, progress=progress)
     best = outcome.summary["best"]
     print(f"\nvalidation: top-1 {best['top1']:.3f}, top-5 {best['top5']:.3f} at epoch {best['epoch']} "

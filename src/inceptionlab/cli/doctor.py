@@ -29,6 +29,9 @@ def doctor(
     train_seconds: float = typer.Option(
         3.0, "--train-seconds", min=0.0, help="Training time per device for --train-check (after 30 steps)."
     ),
+    calibrate: bool = typer.Option(
+        False, "--calibrate", help="Measure the speed settings afresh on every device (~1 minute on 2 CPU cores)."
+    ),
 ) -> None:
     """Check the install: versions, build, GPUs, a real Conv2d on each device.
 
@@ -45,6 +48,10 @@ def doctor(
     When the torch build is why a GPU is not seen, the check names the set-up
     command that fixes it (`make clean setup TORCH_FROM_SYSTEM=1` or TORCH_INDEX=...).
 
+    The "speed settings" table shows what `auto` picks on each device for the demo's training, the
+    fine-tuning recipe and serving Inception v3, and why: from this machine's speed cache when a run
+    measured it, else from the capability probe alone; --calibrate measures afresh.
+
     Example: inceptionlab doctor --expect-gpu
 
     Example: inceptionlab doctor --train-check --json
@@ -53,12 +60,16 @@ def doctor(
     from inceptionlab.doctor import run_doctor
     from inceptionlab.doctor_train import TrainCheckSettings
 
+    from inceptionlab.doctor_speed import format_rows, speed_settings
+
     train = TrainCheckSettings(seconds=train_seconds) if train_check else None
     report = run_doctor(expect_gpu=expect_gpu, train=train)
+    speed = speed_settings([d["device"] for d in report.devices if "error" not in d], calibrate=calibrate)
     if json_output:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
+        typer.echo(json.dumps({**report.to_dict(), "speed_settings": [row.to_dict() for row in speed]}, indent=2))
     else:
-        typer.echo("\n".join(format_report(report)))
+        lines = format_report(report)
+        typer.echo("\n".join(lines[:-1] + [""] + format_rows(speed) + [""] + lines[-1:]))  # the verdict last
     if not report.ok:
         raise typer.Exit(1)
 

@@ -9,10 +9,7 @@ from typing import List, Optional
 import typer
 
 from inceptionlab.cli import options
-
-# Kept in step with inceptionlab.infer.export.DEFAULT_OPSET (a test checks): importing that module
-# here would load torch and ONNX for every command, `--help` included (+2.5 s).
-DEFAULT_OPSET = 20
+from inceptionlab.infer.opsets import DEFAULT_OPSET, MIN_OPSET
 
 
 def export(
@@ -20,7 +17,7 @@ def export(
     run: Optional[Path] = options.run_option(),
     model: Optional[str] = options.model_option(),
     weights: Optional[str] = options.weights_option(),
-    opset: int = typer.Option(DEFAULT_OPSET, "--opset", help="ONNX opset (18 or newer)."),
+    opset: int = typer.Option(DEFAULT_OPSET, "--opset", help=f"ONNX opset ({MIN_OPSET} or newer)."),
     dynamic_batch: bool = typer.Option(True, "--dynamic-batch/--static-batch",
                                        help="Dynamic batch axis (default) or fixed batch 1."),
     out: Path = typer.Option(Path("runs/exports"), "--out", help="--model: exports go to OUT/<name>/."),

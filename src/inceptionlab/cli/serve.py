@@ -27,13 +27,17 @@ def serve(
                                   "precisions only when they pass the agreement rule)."),
     device: str = options.device_option(),
     max_batch: str = typer.Option("auto", "--max-batch", help="Largest batch the dynamic batcher forms; auto: "
-                                  "32 when batch 32 runs >= 1.25x the images/s of batch 1 at start-up, else 1."),
-    max_delay_ms: float = typer.Option(2.0, "--max-delay-ms", min=0, help="Longest a request waits for its "
-                                       "batch to fill."),
+                                  "decided with --instances by measuring each plan's saturation images/s at "
+                                  "start-up (cached per machine): batching only where it pays >= 1.25x."),
+    max_delay_ms: str = typer.Option("auto", "--max-delay-ms", help="Longest a request waits for its batch to "
+                                     "fill, ms; auto: 10% of one unbatched inference (1-10 ms), 0 unbatched."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
                                   "503 + Retry-After."),
-    instances: int = typer.Option(1, "--instances", min=1, help="Batches in flight per model (one session and "
-                                  "worker thread each)."),
+    instances: str = typer.Option("auto", "--instances", help="Batches in flight per model (one session and "
+                                  "worker thread each, each with its share of the CPUs); auto: measured with "
+                                  "--max-batch (1, 2, 4 up to the CPUs this process may use; 1 on a GPU)."),
+    calibrate: bool = typer.Option(False, "--calibrate", help="Measure the auto settings afresh instead of "
+                                   "reusing this machine's speed cache."),
     timeout_s: float = typer.Option(30.0, "--timeout-s", min=0.001, help="Per-request timeout (504)."),
     drain_s: float = typer.Option(30.0, "--drain-s", min=0, help="On SIGTERM: longest wait for accepted "
                                   "requests."),
@@ -76,8 +80,10 @@ def serve(
     grpc_number = _grpc_port(grpc_port)
     for option, number in (("--port", port), ("--grpc-port", grpc_number)):
         _check_free(host, number, option)  # before loading models, which can take minutes
-    settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _max_batch(max_batch), instances,
-                                 weights, log=lambda message: typer.echo(message, err=True))
+    settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
+                                 _positive("--instances", instances), weights,
+                                 log=lambda message: typer.echo(message, err=True),
+                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate)
     served = []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))
@@ -91,7 +97,7 @@ def serve(
         typer.echo(f"serving {m.describe()}")
     key = api_key or os.environ.get(API_KEY_ENV) or None
     grpc_address = None if grpc_number is None else f"{_bracketed(host)}:{grpc_number}"
-    app = create_app(served, RequestSettings(max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key),
+    app = create_app(served, RequestSettings(settings.max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key),
                      grpc_address)
     grpc_note = "" if grpc_number is None else f", gRPC at {_bracketed(host)}:{grpc_number or 'a free port'}"
     typer.echo(f"ready: http://{_bracketed(host)}:{port}/ (KServe v2 at /v2, metrics at /metrics{grpc_note}"
@@ -111,13 +117,26 @@ def register(root: typer.Typer) -> None:
     root.command("serve")(serve)
 
 
-def _max_batch(value: str) -> int | None:
-    """--max-batch: a positive integer, or auto (None: measured at start-up)."""
+def _positive(option: str, value: str) -> int | None:
+    """--max-batch / --instances: a positive integer, or auto (None: measured at start-up)."""
     if value == "auto":
         return None
     if not value.isdigit() or int(value) < 1:
-        raise UserError(f"--max-batch {value!r}: give a positive integer or auto")
+        raise UserError(f"{option} {value!r}: give a positive integer or auto")
     return int(value)
+
+
+def _delay(value: str) -> float | None:
+    """--max-delay-ms: milliseconds >= 0, or auto (None: decided with the serving plan)."""
+    if value == "auto":
+        return None
+    try:
+        delay = float(value)
+    except ValueError:
+        delay = -1.0
+    if not delay >= 0:
+        raise UserError(f"--max-delay-ms {value!r}: give milliseconds >= 0 or auto")
+    return delay
 
 
 def _grpc_port(value: str) -> int | None:

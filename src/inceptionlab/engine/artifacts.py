@@ -19,6 +19,14 @@ from inceptionlab.metrics import write_confusion
 from inceptionlab.runtime import environment
 
 
+def run_environment(s: TrainingSession) -> dict[str, Any]:
+    """env.json: the machine record, and what `auto` chose for this run with its evidence."""
+    env = environment(s.device, s.dist.world_size)
+    if s.speed is not None:
+        env["speed"] = s.speed.to_dict()
+    return env
+
+
 class RunArtifacts:
     """Writes DESIGN.md's run directory: recipe, env, spec, metrics, checkpoints, plots, TensorBoard."""
 
@@ -30,7 +38,7 @@ class RunArtifacts:
         if resumed_at is not None:
             self.run.truncate_metrics(resumed_at.epoch)  # rows after the checkpoint are redone
         atomic_write_text(self.run.path / "recipe.resolved.yaml", recipe_to_yaml(s.recipe))
-        atomic_write_json(self.run.path / "env.json", environment(s.device, s.dist.world_size))
+        atomic_write_json(self.run.path / "env.json", run_environment(s))
         s.spec.save(self.run.spec_file)
         for name, save in s.splits.artifacts.items():  # e.g. the text vectorizer's tokenizer.json
             save(self.run.path / name)

@@ -27,7 +27,7 @@ def recipe_choices(recipe: Recipe) -> list[tuple[str, str, Iterable[str]]]:
         ("task", recipe.task, TASKS),
         ("optim.name", recipe.optim.name, OPTIMIZERS),
         ("schedule.name", recipe.schedule.name, SCHEDULES),
-        ("train.precision", recipe.train.precision, AUTOCAST_DTYPES),
+        ("train.precision", recipe.train.precision, ["auto", *AUTOCAST_DTYPES]),
         ("train.best_metric", recipe.train.best_metric, EPOCH_METRICS),
         ("data.reader", recipe.data.reader, [*READERS, *ARRAY_READERS]),
         ("data.loader", recipe.data.loader, LOADERS),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # processes on this node: they share its CPUs
 
     @property
     def enabled(self) -> bool:
@@ -33,7 +35,8 @@ def init_distributed(device_type: str) -> DistInfo:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    info = DistInfo(int(os.environ["RANK"]), world_size, int(os.environ.get("LOCAL_RANK", "0")),
+                    int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size))))
     if not dist.is_initialized():
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
@@ -58,6 +61,16 @@ def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
     value = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())
+
+
+def gather_from_all(obj: Any, info: DistInfo) -> list[Any]:
+    """Every rank's `obj` (picklable), in rank order, on every rank; `[obj]` in one process. A
+    collective: every rank calls it at the same point (fit: where a checkpoint is written)."""
+    if not info.enabled:
+        return [obj]
+    gathered: list[Any] = [None] * info.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def barrier(info: DistInfo) -> None:

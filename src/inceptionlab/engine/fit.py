@@ -9,14 +9,15 @@ from __future__ import annotations
 import signal
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training
+from inceptionlab import hardware
+from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import any_rank
+from inceptionlab.engine.distributed import any_rank, gather_from_all
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
 from inceptionlab.engine.session import TrainingSession, build_training_session
@@ -118,6 +119,12 @@ def fit(recipe: Recipe, out: Path = Path("runs"), resume: Path | None = None, *,
         stop: StopSignal | None = None, on_log: Callable[[int, float], None] | None = None) -> Outcome:
     """Train `recipe`; returns where the run is and how it ended. Raises UserError on bad input."""
     s = build_training_session(recipe)
+    with hardware.gpu_settings(hardware.device_facts(s.device), s.recipe.train.precision, recipe.train.deterministic):
+        return _fit(s, recipe, out, resume, progress, stop, on_log)
+
+
+def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, progress: bool | None,
+         stop: StopSignal | None, on_log: Callable[[int, float], None] | None) -> Outcome:
     r = _Run(s, open_artifacts(s, out, resume), Reporter(s.dist.is_main, progress),
              BestTracker(recipe.train.best_metric, min_delta=recipe.train.early_stop_min_delta), stop or StopSignal(), on_log)
     start = _start(r, resume)
@@ -139,12 +146,15 @@ def _start(r: _Run, resume: Path | None) -> ResumePoint:
     """Restore a resumed run's state (or start at epoch 0), write the run's first files, say where it is."""
     start = ResumePoint(0, 0, r.best.state(), None)
     if resume is not None:
-        start = restore_training(load_checkpoint(r.artifacts.run.last), r.s.resumable_parts(), r.s.spec.class_names)
+        start = restore_training(load_checkpoint(r.artifacts.run.last), r.s.resumable_parts(), r.s.spec.class_names,
+                                 r.s.dist.rank)
         r.best.load(start)
         r.report.say(f"resuming {r.artifacts.run.path} at epoch {start.epoch + 1}, step {start.step_in_epoch}")
     r.artifacts.start(r.s, start if resume is not None else None)
     for note in r.s.notes:
         r.report.say(note)
+    if r.s.threads is not None:
+        r.s.threads.say = r.report.say  # a change of thread count is said where progress is
     r.report.say(f"run directory: {r.artifacts.run.path}")
     return start
 
@@ -155,7 +165,7 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
     s.train_loader.set_epoch(epoch, start=first_step * s.recipe.train.batch_size)
     steps_in_epoch = first_step + len(s.train_loader)
     loader = r.report.wrap(s.train_loader, epoch + 1, epochs, first_step)
-    log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log)
+    log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log, _governor(s))
     r.lr = s.optimizer.param_groups[0]["lr"]
     try:
         return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
@@ -170,11 +180,16 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
         r.report.close_bar()
 
 
+def _governor(s: TrainingSession) -> Callable[..., Any] | None:
+    """Re-sizes torch's thread pool at each log interval (a host sync the loop makes anyway)."""
+    return s.threads.update if s.threads is not None else None
+
+
 def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, result: EpochResult) -> bool:
     """A stop before the epoch's last step: save where we are (epoch, step) for --resume."""
     if not result.stopped or done >= steps_in_epoch:
         return False
-    r.artifacts.checkpoint(r.s, r.best.point(epoch, done))
+    r.artifacts.checkpoint(r.s, _resume_point(r, epoch, done))
     r.report.say(f"stopped at epoch {epoch + 1} step {done}; resume with: inceptionlab train --resume {r.artifacts.run.path}")
     r.status = "interrupted"
     return True
@@ -183,12 +198,20 @@ def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, resu
 def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
     """Evaluate, then record the epoch: metrics row, best tracking, checkpoints, the epoch line."""
     s = r.s
+    if s.threads is not None:
+        s.threads.update()  # the load may have changed during the epoch
     val = evaluate(s.runner, s.val_loader, s.task, s.settings)
     row = _epoch_row(epoch, s, result, val, r.lr)
     r.last = _eval_summary(epoch, s, val)
     improved = r.best.update(float(row[r.best.metric]), epoch, r.last)  # a valid key: engine/choices.py
-    r.artifacts.epoch(s, row, val["confusion"], r.best.point(epoch, 0), improved)
+    r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
     r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped))
+
+
+def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:
+    """Where training stands, with every rank's RNG state for the checkpoint (checkpoint.py says why).
+    A collective under DDP: every rank gets here at the same point of the loop."""
+    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(), r.s.dist))
 
 
 def _should_end(r: _Run, epoch: int, result: EpochResult) -> bool:
@@ -233,7 +256,7 @@ def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[st
         "val_top1": val["top1"],
         **({"val_top5": val["top5"]} if "top5" in val else {}),
         "lr": lr,
-        "images_per_s": result.samples * s.dist.world_size / max(result.seconds, 1e-9),
+        "images_per_s": result.images_per_s * s.dist.world_size,  # each epoch's first step left out
         "epoch_seconds": result.seconds,
         "val_seconds": val["seconds"],
         "samples": result.samples * s.dist.world_size,  # padded shards repeat a few train samples

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from inceptionlab import hardware
 from inceptionlab.config import Recipe
 from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
@@ -24,6 +25,7 @@ from inceptionlab.data.transforms.device import pass_normalised
 from inceptionlab.engine.distributed import DistInfo, init_distributed
 from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
+from inceptionlab.engine.speed import RunShape, resolve_speed_settings
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.models.registry import build_model, resolve_data_config
@@ -51,6 +53,8 @@ class TrainingSession:
     notes: list[str] = field(default_factory=list)
     splits: Any = None
     test_loader: Loader | None = None
+    speed: hardware.Decision | None = None  # what `auto` chose for precision, memory format and compile
+    threads: hardware.ThreadGovernor | None = None
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -61,16 +65,24 @@ class TrainingSession:
         return sorted(set(self.train_loader.skipped + self.val_loader.skipped))
 
 
-def build_training_session(recipe: Recipe) -> TrainingSession:
+def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> TrainingSession:
+    """Everything a run needs. `auto` speed settings are decided here, after the model exists and
+    before the loaders (whose augmentation dtype and layout follow the decision) are built."""
     # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
     recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
     dist = init_distributed(_device_type(recipe.train.device))
     device = resolve_device(recipe.train.device, dist.local_rank if dist.enabled else None)
+    threads = start_threads(recipe.train.threads, dist, device)
     seed_everything(recipe.train.seed + dist.rank, recipe.train.deterministic)
-    splits, train_loader, val_loader, test_loader = _build_data(recipe, dist, device)
+    splits, train_set, val_set = _read_data(recipe)
     num_classes = _num_classes(recipe, splits)
     built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
                         **{**recipe.model.kwargs, **splits.model_kwargs})
+    task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
+    recipe, speed = resolve_speed_settings(recipe, built.model, task, device, _run_shape(recipe, splits, num_classes,
+                                           len(train_set), dist), broadcast=_broadcaster(dist), fresh=fresh_speed,
+                                           is_main=dist.is_main)
+    train_loader, val_loader, test_loader = _build_loaders(recipe, splits, train_set, val_set, dist, device)
     model, runner = _place_model(built.model, recipe, dist, device)
     optimizer = build_optimizer(model.parameters(), recipe.optim)
     scheduler = build_scheduler(optimizer, recipe.schedule, recipe.train.epochs)
@@ -80,10 +92,51 @@ def build_training_session(recipe: Recipe) -> TrainingSession:
     if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
-    task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
-    notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}"]
+    notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}",
+             speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
     return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
-                   train_loader, val_loader, settings, notes, splits, test_loader)
+                           train_loader, val_loader, settings, notes, splits, test_loader, speed, threads)
+
+
+def start_threads(requested: int | None, dist: DistInfo, device: torch.device) -> hardware.ThreadGovernor:
+    """torch's thread pool sized to the CPUs this process may use, shared with the other local ranks."""
+    limit, fixed = hardware.thread_limit(requested)
+    if dist.enabled and not fixed:
+        limit = max(1, limit // dist.local_world_size)
+    # On a GPU the CPU threads only feed it: no governing, no re-sizing mid-run.
+    return hardware.ThreadGovernor(limit, fixed=fixed or device.type != "cpu")
+
+
+def speed_warnings(recipe: Recipe, device: torch.device) -> list[str]:
+    """Said at once when a set precision can only be emulated on this device."""
+    warning = hardware.emulation_warning(hardware.device_facts(device), recipe.train.precision)
+    return [f"warning: {warning}"] if warning else []
+
+
+def _run_shape(recipe: Recipe, splits: Any, num_classes: int, train_size: int, dist: DistInfo) -> RunShape:
+    inputs = getattr(splits.train, "inputs", None)
+    tokens = inputs is not None and not inputs.dtype.is_floating_point and inputs.dtype != torch.uint8
+    steps = recipe.train.epochs * -(-train_size // (recipe.train.batch_size * dist.world_size))
+    if tokens:
+        return RunShape((int(inputs.shape[1]),), True, num_classes, recipe.data.text.max_tokens + 1, steps)
+    channels = int(inputs.shape[1]) if inputs is not None else 3
+    size = recipe.data.train_crop_size or (int(inputs.shape[-1]) if inputs is not None else 299)
+    return RunShape((channels, size, size), False, num_classes, steps=steps)
+
+
+def _broadcaster(dist: DistInfo) -> Callable[[Any], Any]:
+    """Rank 0's speed decision for every rank: ranks must train alike (and calibrate once)."""
+    if not dist.enabled:
+        return lambda decision: decision
+
+    def broadcast(decision: Any) -> Any:
+        import torch.distributed
+
+        box = [decision.to_dict() if decision is not None else None]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return hardware.Decision.from_dict(box[0])
+
+    return broadcast
 
 
 def _device_type(name: str) -> str:
@@ -113,7 +166,8 @@ def _place_model(model: nn.Module, recipe: Recipe, dist: DistInfo, device: torch
     return model, runner
 
 
-def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[Any, Any, Any, Any]:
+def _read_data(recipe: Recipe) -> tuple[Any, Any, Any]:
+    """(splits, train set, val set): read, capped for smoke runs, checked non-empty."""
     cfg = recipe.data
     importing = _import_in_background()
     splits = read_splits(cfg)
@@ -122,6 +176,12 @@ def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[A
     val_set = cap_samples(splits.val, cfg.max_val_samples, recipe.train.seed)
     if len(train_set) == 0 or len(val_set) == 0:
         raise UserError(f"{cfg.root}: the train or val split is empty")
+    return splits, train_set, val_set
+
+
+def _build_loaders(recipe: Recipe, splits: Any, train_set: Any, val_set: Any, dist: DistInfo,
+                   device: torch.device) -> tuple[Any, Any, Any]:
+    cfg = recipe.data
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
                   pin_memory=device.type == "cuda", device=device, mode=cfg.loader,
                   images=_device_image_options(recipe))
@@ -130,7 +190,7 @@ def _build_data(recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[A
     test_loader = None
     if splits.test is not None:
         test_loader = make_loader(splits.test, batch_size=_eval_batch(recipe), train=False, **common)
-    return splits, train_loader, val_loader, test_loader
+    return train_loader, val_loader, test_loader
 
 
 # What a run imports after its data is read, in the order it needs them (AMD EPYC, one core):

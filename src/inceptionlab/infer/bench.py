@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import logging
 import os
 import sys
 import time
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
+from inceptionlab import hardware
 from inceptionlab.errors import UserError
 from inceptionlab.host import load_average
 from inceptionlab.infer.inputs import image_files, random_inputs
@@ -53,6 +55,8 @@ from inceptionlab.infer.runtimes import (
     get_runtime,
 )
 from inceptionlab.infer.source import ModelSource
+
+log = logging.getLogger(__name__)
 
 ROW_KEYS = ("backend", "precision", "layout", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
             "p90_ms", "p99_ms", "img_per_s", "gflop_per_image", "gflops", "speedup", "agreement", "usable")
@@ -93,12 +97,36 @@ def parse_batches(text: str) -> list[int]:
     return batches
 
 
-def plan(backends: list[str], precisions: list[str], layouts: list[str]) -> list[Config]:
-    """Every backend x precision (x layout for PyTorch backends); eager fp32 NCHW first when comparing."""
+def auto_precisions(facts: hardware.DeviceFacts) -> tuple[list[str], dict[str, str]]:
+    """`--precision auto`: fp32 and each reduced float precision this device has units for.
+
+    int8 needs calibration images and an agreement check: it is measured when named, never by auto.
+    """
+    if hardware.auto_is_safe():
+        return ["fp32"], {"auto": f"{hardware.AUTO_ENV}=safe"}
+    return hardware.precision_options(facts, training=False)
+
+
+def plan(backends: list[str], precisions: list[str], layouts: list[str],
+         facts: hardware.DeviceFacts | None = None) -> list[Config]:
+    """Every backend x precision (x layout for PyTorch backends); eager fp32 NCHW first when comparing.
+
+    `auto` in `precisions` stands for `auto_precisions(facts)`; `auto` in `layouts` for both layouts.
+    """
+    named = [p for p in precisions if p != "auto"]
+    found: list[str] = []
+    if "auto" in precisions:
+        found, _ = auto_precisions(facts or hardware.cpu_facts())
+    if "auto" in layouts:
+        auto_layouts = ["nchw"] if hardware.auto_is_safe() else list(TORCH_LAYOUTS)
+        layouts = [layout for layout in layouts if layout != "auto"] + auto_layouts
+    precisions, layouts = list(dict.fromkeys(named + found)), list(dict.fromkeys(layouts))
     configs = []
     for backend in backends:
         runtime = get_runtime(backend)
         for precision in precisions:
+            if precision not in named and precision not in runtime.precisions:
+                continue  # auto asks each runtime only for what it has (ONNX Runtime has no bf16 path)
             for layout in (layouts if runtime.layouts == TORCH_LAYOUTS else [NATIVE_LAYOUT]):
                 configs.append(Config(backend, precision, layout))
     configs = list(dict.fromkeys(configs))
@@ -166,6 +194,7 @@ def gflop_per_image(model: torch.nn.Module, input_shape: tuple[int, int, int]) -
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
             meta(torch.empty(1, *input_shape, device="meta"))
     except Exception:  # an op without a meta kernel: report no GFLOP/s rather than fail the bench
+        log.info("no FLOP count for this model: the counter could not trace it", exc_info=True)
         return None
     return round(counter.get_total_flops() / 1e9, 3)
 

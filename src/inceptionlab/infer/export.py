@@ -25,17 +25,13 @@ import torch
 from torch import nn
 
 from inceptionlab.engine.task import main_logits
-from inceptionlab.errors import UserError
+from inceptionlab.errors import ProgramError, UserError, summary_of
 from inceptionlab.fileio import atomic_write_bytes, atomic_write_json
 from inceptionlab.infer.onnx_graph import INPUT_NAME, OUTPUT_NAME, check_onnx_file, import_onnx
+from inceptionlab.infer.opsets import DEFAULT_OPSET, MIN_OPSET
 from inceptionlab.infer.parity import Parity, check_parity
 from inceptionlab.infer.sidecar import read_sidecar, sidecar_metadata, sidecar_path
 from inceptionlab.infer.source import ModelSource
-
-# torch 2.14's exporter (torch.export + onnxscript) emits opset 20 by default and can convert down
-# to 18, its lowest; ONNX Runtime 1.31 and OpenVINO 2026 read both.
-DEFAULT_OPSET = 20
-MIN_OPSET = 18
 
 
 @dataclass
@@ -84,9 +80,8 @@ def trace_to_onnx(model: nn.Module, input_shape: tuple[int, ...], opset: int, dy
             program = torch.onnx.export(_Logits(model).eval(), (example,), input_names=[INPUT_NAME],
                                         output_names=[OUTPUT_NAME], opset_version=opset,
                                         dynamic_shapes=dynamic, dynamo=True, verbose=False)
-    except Exception as exc:  # the exporter raises many types; the fix is the same
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"torch.onnx could not export this model ({type(exc).__name__}: {first})"[:400]) from None
+    except Exception as exc:  # the exporter's own failure (many types): its traceback is the report
+        raise ProgramError(f"torch.onnx could not export this model ({summary_of(exc)})") from exc
     return program.model_proto
 
 
@@ -108,8 +103,8 @@ def export_onnx(source: ModelSource, opset: int = DEFAULT_OPSET, dynamic_batch: 
     _stamp(proto, source)
     try:
         onnx.checker.check_model(proto)
-    except Exception as exc:
-        raise UserError(f"the exported graph fails onnx.checker ({str(exc).splitlines()[0]})"[:400]) from None
+    except Exception as exc:  # a graph the exporter just wrote: the program's failure, not the user's
+        raise ProgramError(f"the exported graph fails onnx.checker ({summary_of(exc)})") from exc
     data = proto.SerializeToString()
     parity = check_parity(source, data, images, dynamic_batch)
     if not parity.ok:

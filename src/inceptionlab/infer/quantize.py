@@ -25,9 +25,10 @@ import os
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -230,6 +231,23 @@ def onnxruntime_fp16(onnx_path: Path, cache: Path) -> Path:
 
 # --------------------------------------------------------------------------------------- OpenVINO + NNCF
 
+T = TypeVar("T")
+
+
+def openvino_in_own_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` (anything that compiles OpenVINO CPU models) in a thread that ends when it returns.
+
+    OpenVINO's CPU plugin (2026.4) gives the thread that compiles a model a signal stack of its own
+    (sigaltstack, 11,568 bytes) and, when that compiled model is freed, puts back the stack it found.
+    Freed out of compile order (A compiled, B compiled, A freed, B freed), the thread is left on A's
+    stack, already unmapped; the next signal a Python handler takes on that thread (CPython installs
+    them with SA_ONSTACK: Ctrl-C, the SIGCHLD handler of a DataLoader with workers) kills the process
+    with SIGSEGV. docs/testing.md has the 30-line reproducer. Compiled in a thread that ends at once,
+    no thread that lives on is ever left on such a stack.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="openvino-compile") as pool:
+        return pool.submit(fn, *args).result()
+
 
 def openvino_int8(onnx_path: Path, sets: ImageSets, cache: Path) -> Path:
     """NNCF post-training int8 model in OpenVINO IR (model.xml + model.bin), cached by input."""
@@ -251,7 +269,9 @@ def openvino_int8(onnx_path: Path, sets: ImageSets, cache: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".openvino-int8-"))
     try:
         with quiet_stdout():
-            quantized = nncf.quantize(ov.Core().read_model(str(onnx_path)), dataset, subset_size=len(inputs))
+            # NNCF compiles the model to collect its statistics: in a thread of its own (see above).
+            network = ov.Core().read_model(str(onnx_path))
+            quantized = openvino_in_own_thread(lambda: nncf.quantize(network, dataset, subset_size=len(inputs)))
         # Keep fp32 for the layers left unquantized: fp16 compression would add its own error.
         ov.save_model(quantized, str(tmp / "model.xml"), compress_to_fp16=False)
         return _publish_dir(tmp, target) / "model.xml"

@@ -21,22 +21,29 @@ import hashlib
 import os
 import platform
 from abc import ABC, abstractmethod
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 import torch
 
-from inceptionlab.errors import UserError
+from inceptionlab.errors import ProgramError, UserError, summary_of
 from inceptionlab.fileio import sha256_file
 from inceptionlab.host import cpu_model_name
 from inceptionlab.infer.export import ensure_export
 from inceptionlab.infer.onnx_graph import INPUT_NAME, OUTPUT_NAME, check_onnx_file, import_onnxruntime
-from inceptionlab.infer.quantize import ImageSets, onnxruntime_fp16, onnxruntime_int8, openvino_int8
+from inceptionlab.infer.quantize import (
+    ImageSets,
+    onnxruntime_fp16,
+    onnxruntime_int8,
+    openvino_in_own_thread,
+    openvino_int8,
+)
 from inceptionlab.infer.source import ModelSource
 from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability
+from inceptionlab.torch_build import ORT_CPU, ORT_NVIDIA, migraphx_advice
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 REDUCED_PRECISIONS = ("bf16", "fp16", "int8")
@@ -53,6 +60,9 @@ class Target:
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N" from runtime.resolve_device (a ROCm GPU is "cuda" too)
     provider: str = "auto"  # ONNX Runtime execution provider: auto, cpu, cuda, tensorrt, migraphx
     tune: bool = False  # max-autotune / exhaustive kernel search: slower first call, faster after
+    # CPU threads this session may use (serve gives each instance its share: hardware.instance_threads);
+    # None: the runtime's default, every core.
+    threads: int | None = None
 
     @property
     def device_type(self) -> str:
@@ -170,29 +180,76 @@ class Runtime(ABC):
 
 
 
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+@contextmanager
+def inductor_cache_at(directory: Path) -> Iterator[None]:
+    """Inductor's on-disk caches (FX graphs, kernels) in `directory` for what runs inside, the environment
+    as it was after. Inductor reads the folder from TORCHINDUCTOR_CACHE_DIR and has no per-compile
+    setting, so the variable is set around each compile only, where dynamo's global compile lock keeps
+    two compiles from overlapping; setting it for the process (as a `setdefault` once did) made the first
+    model's folder every later model's cache too."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir  # also clears path-keyed caches
+    except ImportError:  # torch before 2.7 (a GPU container's own build): set and restore the variable here
+        previous = os.environ.get(INDUCTOR_CACHE_ENV)
+        os.environ[INDUCTOR_CACHE_ENV] = str(directory)
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(INDUCTOR_CACHE_ENV, None)
+            else:
+                os.environ[INDUCTOR_CACHE_ENV] = previous
+        return
+    with temporary_cache_dir(str(directory)):
+        yield
+
+
+def inductor_backend(cache: Path, mode: str | None) -> Callable[..., Any]:
+    """torch.compile's Inductor (with `mode`'s options) compiling into `cache`: a backend function, so
+    every compile and recompile (a new batch size) of this session uses this model's cache."""
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    patches = list_mode_options(mode, False) if mode else {}
+
+    def compile_into_cache(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        with inductor_cache_at(cache):
+            return compile_fx(graph, example_inputs, config_patches=patches)
+
+    return compile_into_cache
+
+
 class TorchSession(RuntimeSession):
+    """Eager PyTorch, or torch.compile's Inductor when `compile_cache` names the folder of its caches."""
+
     def __init__(self, model: torch.nn.Module, precision: str, layout: str, device: str, batch: int,
-                 compile_mode: str | None = None, compiled: bool = False):
-        self.device, self.batch = torch.device(device), batch
+                 compile_mode: str | None = None, compile_cache: Path | None = None, threads: int | None = None):
+        self.device, self.batch, self.threads = torch.device(device), batch, threads
         self.memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
         # A private copy: layouts and compiled graphs of one configuration never leak into the next.
         model = copy.deepcopy(model).to(self.device, memory_format=self.memory_format).eval()
         self.dtype = AUTOCAST_DTYPES[precision]
         self.fn: Callable[[torch.Tensor], torch.Tensor] = model
+        self.compiled = compile_cache is not None
         # Inductor's freezing folds weights into the graph (oneDNN prepacks them once): inference only.
-        self.grad_mode: Callable[[], Any] = torch.no_grad if compiled else torch.inference_mode
+        self.grad_mode: Callable[[], Any] = torch.no_grad if self.compiled else torch.inference_mode
         # Inductor's freezing (constant-folds weights into the graph) applies to this session's calls only:
         # patched around each call rather than set globally, so training in the same process is unaffected.
-        self.compiled = compiled
-        if compiled:
-            self.fn = torch.compile(model, mode=compile_mode, dynamic=False)
-        kind = f"torch.compile ({compile_mode or 'default'}, inductor)" if compiled else "torch eager"
+        if compile_cache is not None:
+            self.fn = torch.compile(model, backend=inductor_backend(compile_cache, compile_mode), dynamic=False)
+        kind = f"torch.compile ({compile_mode or 'default'}, inductor)" if self.compiled else "torch eager"
         self.provider = f"{kind} {self.device.type} " + (f"autocast {precision}" if self.dtype else "fp32")
 
     def place(self, inputs: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(inputs).to(self.device).contiguous(memory_format=self.memory_format)
 
     def run(self, placed: torch.Tensor) -> torch.Tensor:
+        if self.threads and self.device.type == "cpu" and torch.get_num_threads() != self.threads:
+            # OpenMP's team size is a per-thread setting: each serving instance's worker thread sets its own.
+            torch.set_num_threads(self.threads)
         autocast = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
         with self.grad_mode(), autocast, self._inductor_config():
             output = self.fn(placed)
@@ -227,7 +284,7 @@ class EagerRuntime(Runtime):
     def open(cls, artifacts: Artifacts, precision: str, layout: str, target: Target, batch: int) -> RuntimeSession:
         cls.check_precision(precision)
         _torch_precision_check(precision, target.device_type)
-        return TorchSession(artifacts.source.model, precision, layout, target.device, batch)
+        return TorchSession(artifacts.source.model, precision, layout, target.device, batch, threads=target.threads)
 
 
 class CompileRuntime(Runtime):
@@ -245,9 +302,9 @@ class CompileRuntime(Runtime):
         cls.check_precision(precision)
         _torch_precision_check(precision, target.device_type)
         # Inductor's on-disk caches (FX graphs, kernels) under the model's cache: a second run reuses them.
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(artifacts.cache / "inductor"))
         mode = "max-autotune" if target.tune else None
-        return TorchSession(artifacts.source.model, precision, layout, target.device, batch, mode, compiled=True)
+        return TorchSession(artifacts.source.model, precision, layout, target.device, batch, mode,
+                            compile_cache=artifacts.cache / "inductor", threads=target.threads)
 
 
 # --------------------------------------------------------------------------------------- ONNX Runtime
@@ -300,20 +357,22 @@ class OrtProvider:
     io_device: str  # where inputs/outputs are bound (OrtValue device type)
     own_cache: bool  # compiles into its own engine cache: ORT's optimized-graph cache is not used
     fp16_model: bool = False  # needs an fp16-converted graph (no fp16 switch of its own)
-    install: str = "pip install onnxruntime-gpu"
+    # One ONNX Runtime package per environment (torch_build.py): the GPU one replaces the CPU one.
+    install: str = (f"`pip uninstall -y {ORT_CPU} && pip install {ORT_NVIDIA}` (`make clean setup` picks it where "
+                    "torch sees an NVIDIA GPU)")
 
 
 ORT_PROVIDERS: dict[str, OrtProvider] = {
     "cpu": OrtProvider("CPUExecutionProvider", "cpu", ("fp32", "int8"), _no_options, "cpu", False,
-                       install="pip install onnxruntime"),
+                       install=f"pip install {ORT_CPU}"),
     "cuda": OrtProvider("CUDAExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _cuda_options, "cuda", False,
                         fp16_model=True),
     "tensorrt": OrtProvider("TensorrtExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _tensorrt_options,
-                            "cuda", True, install="pip install onnxruntime-gpu tensorrt"),
+                            "cuda", True, install=f"{OrtProvider.install} and NVIDIA's TensorRT (`pip install tensorrt`)"),
     # MIGraphX is ONNX Runtime's AMD GPU provider (the ROCm provider was removed in ORT 1.23).
     # Inputs stay on the host: its device allocator is not exposed to Python's OrtValue.
     "migraphx": OrtProvider("MIGraphXExecutionProvider", "cuda", ("fp32", "fp16", "int8"), _migraphx_options,
-                            "cpu", True, install="pip install onnxruntime-migraphx (AMD's ROCm build)"),
+                            "cpu", True, install=migraphx_advice("python")),
 }
 
 
@@ -325,17 +384,22 @@ def ort_installed_providers() -> list[str]:
     return list(onnxruntime.get_available_providers())
 
 
+def check_provider_name(name: str) -> None:
+    """A one-line error for a provider name ONNX Runtime does not have (before anything is loaded)."""
+    if name == "rocm":
+        raise UserError("--provider rocm: ONNX Runtime removed its ROCm provider (1.23); use --provider migraphx")
+    if name != "auto" and name not in ORT_PROVIDERS:
+        raise UserError(f"--provider {name!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
+
+
 def choose_ort_provider(target: Target) -> OrtProvider:
     """The provider asked for, or the natural one for the device; missing: an error naming the fix."""
+    check_provider_name(target.provider)
     installed = ort_installed_providers()
     if target.provider == "auto":
         candidates = ["cpu"] if target.device_type == "cpu" else (["migraphx"] if torch.version.hip else ["cuda", "tensorrt"])
-    elif target.provider in ORT_PROVIDERS:
-        candidates = [target.provider]
-    elif target.provider == "rocm":
-        raise UserError("--provider rocm: ONNX Runtime removed its ROCm provider (1.23); use --provider migraphx")
     else:
-        raise UserError(f"--provider {target.provider!r}: use auto or one of {', '.join(ORT_PROVIDERS)}")
+        candidates = [target.provider]
     for name in candidates:
         if ORT_PROVIDERS[name].ep in installed:
             provider = ORT_PROVIDERS[name]
@@ -370,6 +434,8 @@ class OrtSession(RuntimeSession):
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if target.threads:  # this instance's share of the cores; one graph at a time per session
+            options.intra_op_num_threads, options.inter_op_num_threads = target.threads, 1
         model, publish = self._optimized_graph_cache(model, provider, options, cache)
         shape = f"{INPUT_NAME}:{batch}x" + "x".join(map(str, input_shape))
         provider_options = provider.options(precision, cache, target, shape)
@@ -383,9 +449,8 @@ class OrtSession(RuntimeSession):
             providers.append("CPUExecutionProvider")  # type: ignore[arg-type]
         try:
             self.session = ort.InferenceSession(str(model), options, providers=providers)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"{model}: onnxruntime could not load it with {provider.ep} ({first})"[:400]) from None
+        except Exception as exc:  # a graph export checked: onnxruntime's (or its libraries') failure
+            raise ProgramError(f"{model}: onnxruntime could not load it with {provider.ep} ({summary_of(exc)})") from exc
         ran = self.session.get_providers()[0]
         if ran != provider.ep:
             raise UserError(f"onnxruntime fell back from {provider.ep} to {ran}: its libraries did not load "
@@ -464,7 +529,8 @@ _OV_HINTS = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 
 
 class OpenVinoSession(RuntimeSession):
-    def __init__(self, model: Path, precision: str, batch: int, cache: Path, input_shape: tuple[int, ...]):
+    def __init__(self, model: Path, precision: str, batch: int, cache: Path, input_shape: tuple[int, ...],
+                 threads: int | None = None):
         import openvino as ov  # optional extra (openvino): imported on use, not at start-up
 
         self.batch = batch
@@ -475,10 +541,12 @@ class OpenVinoSession(RuntimeSession):
         network.reshape({network.inputs[0].get_any_name(): [batch, *input_shape]})  # static: faster kernels
         # Synchronous single requests: the latency hint gives one request all cores. On bf16-capable
         # CPUs OpenVINO runs bf16 unless told f32, so fp32 is asked for explicitly.
-        config = {"PERFORMANCE_HINT": "LATENCY"}
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        if threads:  # this instance's share of the cores (one stream under the latency hint)
+            config["INFERENCE_NUM_THREADS"] = threads
         if precision in _OV_HINTS:
             config["INFERENCE_PRECISION_HINT"] = _OV_HINTS[precision]
-        compiled = core.compile_model(network, "CPU", config)
+        compiled = openvino_in_own_thread(core.compile_model, network, "CPU", config)  # see there: SIGSEGV
         actual = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # "f32", "bf16", "f16"
         if precision in _OV_HINTS and actual != _OV_HINTS[precision]:
             raise Unsupported(f"OpenVINO would run {actual} when asked for {precision}: this CPU lacks {precision}")
@@ -526,7 +594,8 @@ class OpenVinoRuntime(Runtime):
         if target.device_type != "cpu":
             raise Unsupported("OpenVINO runs on the CPU here (--device cpu); use onnxruntime or eager on the GPU")
         model = artifacts.openvino_int8() if precision == "int8" else artifacts.onnx()
-        return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.spec.input_shape)
+        return OpenVinoSession(model, precision, batch, artifacts.cache / "openvino", artifacts.source.spec.input_shape,
+                               target.threads)
 
 
 # --------------------------------------------------------------------------------------- registry

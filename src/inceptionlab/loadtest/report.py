@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from inceptionlab import host
-from inceptionlab.plots import save_figure
+from inceptionlab.plots import new_figure, save_figure
 
 
 def client_environment() -> dict[str, Any]:
@@ -79,14 +79,8 @@ def plot_latency_vs_rate(rows: list[dict[str, Any]], path: Path, title: str = ""
     points = sorted((r for r in rows if r["mode"] == "open"), key=lambda r: r["offered_rate"])
     if not points:
         return None
-    import matplotlib  # ~0.4 s: only when drawing
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-
     offered = [r["offered_rate"] for r in points]
-    fig, (lat, thr) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (lat, thr) = new_figure((10, 4), 1, 2)
     for key, label in (("p50_ms", "p50"), ("p99_ms", "p99"), ("p999_ms", "p99.9")):
         lat.plot(offered, [r[key] if r[key] is not None else float("nan") for r in points], marker="o",
                  markersize=3, label=label)

@@ -5,7 +5,7 @@ live figures (/v1/live, live.py).
 Event-loop discipline: parsing big bodies, decoding images and tokenizing run in a bounded
 preprocessing thread pool; inference runs in each model's batcher threads. The loop only routes.
 Every error is a 4xx/5xx with a one-line {"error": "..."} body (KServe's shape), also while the
-server drains; then every answer also says `Connection: close`, so no client sends another request
+server drains; every answer carries the request's id in `X-Request-ID` (service.request_id_from); then every answer also says `Connection: close`, so no client sends another request
 on a connection the server is about to close (which a client sees as an answer with no body).
 The gRPC front end (grpc_server.py), when asked for, runs in the same event loop on the same state.
 """
@@ -30,7 +30,15 @@ from inceptionlab.serve.live import LiveStats
 from inceptionlab.serve.metrics import PROTOCOLS
 from inceptionlab.serve.models import ServedModel
 from inceptionlab.serve.protocol import HEADER_LENGTH, ProtocolError, encode_infer_response, parse_infer_request
-from inceptionlab.serve.service import API_KEY_HELP, RequestSettings, ServeError, ServeState, key_matches
+from inceptionlab.serve.service import (
+    API_KEY_HELP,
+    REQUEST_ID_HEADER,
+    RequestSettings,
+    ServeError,
+    ServeState,
+    key_matches,
+    request_id_from,
+)
 
 API_KEY_ENV = "INCEPTIONLAB_API_KEY"
 PUBLIC_PATHS = ("/", "/v2/health/live", "/v2/health/ready")  # probes and the page itself need no key
@@ -106,6 +114,30 @@ class CloseWhileDraining:
         await self.app(scope, receive, send_closing)
 
 
+class RequestIds:
+    """Every HTTP request gets its id before anything else runs (the client's X-Request-ID, else a new
+    one): routes read it from `request.state.request_id`, and every answer, refusals included, carries
+    it back in X-Request-ID."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = request_id_from(headers)
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (REQUEST_ID_HEADER.encode(), request_id.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 # --------------------------------------------------------------------------------------- the app
 
 
@@ -140,6 +172,7 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
         _install_api_key(app, state.settings.api_key)
     app.add_middleware(BodyLimit, limit=state.settings.max_body_bytes)
     app.add_middleware(CloseWhileDraining, state=state)
+    app.add_middleware(RequestIds)  # outermost: a 401 or 413 carries its id too
     _health_routes(app, state)
     _oip_routes(app, state)
     _classify_routes(app, state)
@@ -229,7 +262,7 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
     async def infer(name: str, request: Request, version: str = "1") -> Response:
         model = state.model(name)
         body = await request.body()
-        async with state.counted(name, "http") as counted:
+        async with state.counted(name, "http", request.state.request_id) as counted:
             state.refuse_early(name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
             parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
@@ -277,10 +310,10 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
         started = time.perf_counter()
         served = state.model(model or next(iter(state.models)))
         k = topk or state.settings.topk
-        async with state.counted(served.name, "http") as counted:
+        async with state.counted(served.name, "http", request.state.request_id) as counted:
             state.refuse_early(served.name)
             names, item, count, errors = await _classify_inputs(state, served, request)
-            result = await state.submit(served.name, item, count)
+            result = await state.submit(served.name, item, count, counted.request_id)
             counted.outcome = "success"
             results = _classify_results(served, names, result["probabilities"], k, errors)
             return JSONResponse({"model": served.name, "results": results,

@@ -10,11 +10,14 @@
 - A request that gives up (timeout, client gone) while queued is dropped before it is run; one
   that gives up while running is computed and its result discarded.
 - `drain()` stops accepting, then waits (bounded) until everything accepted has been answered.
+- A batch that raises fails each of its requests with that exception; its traceback is logged once,
+  naming the batch's request ids (`submit`'s `tag`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class QueueFull(Exception):
@@ -37,6 +42,7 @@ class _Entry:
     item: Any  # what the run function takes for this request (e.g. a float32 array)
     count: int  # items along axis 0
     future: asyncio.Future
+    tag: str = ""  # the request's id, for the log of a failed batch
     arrived: float = field(default_factory=time.perf_counter)
 
 
@@ -57,7 +63,7 @@ RunFn = Callable[[int, Sequence[Any]], Sequence[Any]]
 class DynamicBatcher:
     def __init__(self, run: RunFn, max_batch: int, max_delay_s: float, max_queue: int, instances: int = 1,
                  on_batch: Callable[[BatchStats], None] = lambda stats: None, name: str = "model"):
-        self.run, self.max_batch, self.max_delay = run, max_batch, max_delay_s
+        self.run, self.max_batch, self.max_delay, self.name = run, max_batch, max_delay_s, name
         self.max_queue, self.instances, self.on_batch = max_queue, instances, on_batch
         self.queue: deque[_Entry] = deque()
         self.executing = 0  # requests inside a running batch
@@ -95,11 +101,11 @@ class DynamicBatcher:
         if count > self.max_batch:
             raise ValueError(f"a request of {count} items exceeds --max-batch {self.max_batch}; split it")
 
-    async def submit(self, item: Any, count: int, timeout_s: float | None = None) -> Any:
+    async def submit(self, item: Any, count: int, timeout_s: float | None = None, tag: str = "") -> Any:
         """Queue one request and wait for its result; QueueFull / Draining refuse it at once."""
         self.check_size(count)
         self.check_accepting()
-        entry = _Entry(item, count, asyncio.get_running_loop().create_future())
+        entry = _Entry(item, count, asyncio.get_running_loop().create_future(), tag)
         self.queue.append(entry)
         self.peak_queue = max(self.peak_queue, len(self.queue))
         self._idle.clear()
@@ -113,6 +119,11 @@ class DynamicBatcher:
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests; True when every accepted one was answered within `timeout_s`."""
         self.draining = True
+        return await self.wait_idle(timeout_s)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True once nothing is queued or running (requests given up while queued are dropped first),
+        False when that takes longer than `timeout_s`."""
         self._drop_abandoned()
         if not self.queue and self.executing == 0:
             return True
@@ -139,6 +150,8 @@ class DynamicBatcher:
                         entry.future.set_result(result)
             except Exception as exc:  # a failed batch fails its requests, never the worker
                 compute = time.perf_counter() - started
+                log.error("model %s: a batch of %d request(s) failed (request ids: %s)", self.name, len(batch),
+                          ", ".join(e.tag or "-" for e in batch), exc_info=exc)
                 for entry in batch:
                     if not entry.future.done():
                         entry.future.set_exception(exc)

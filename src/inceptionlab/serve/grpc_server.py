@@ -11,7 +11,9 @@ Triton's clients send and read); typed contents in (`contents.fp32_contents`, ..
 Errors are gRPC statuses with a one-line message naming the field or the setting (service.KINDS):
 INVALID_ARGUMENT, NOT_FOUND (unknown model), RESOURCE_EXHAUSTED (queue full; a message over
 --max-body-mb), UNAVAILABLE (draining), DEADLINE_EXCEEDED (--timeout-s or the client's deadline,
-whichever comes first), UNAUTHENTICATED (with --api-key: the same key as over HTTP, as metadata).
+whichever comes first), UNAUTHENTICATED (with --api-key: the same key as over HTTP, as metadata),
+INTERNAL (the server's own failure: the message names the request's id, which every ModelInfer answer
+also carries as `x-request-id` trailing metadata, and the server's log has the traceback under it).
 
 Health services: "" and "inference.GRPCInferenceService" are SERVING while the server is ready and
 not draining (readiness probes), each model's name likewise, and "live" is SERVING until the
@@ -42,7 +44,15 @@ from inceptionlab.serve.protocol import (
     tensor_from_raw,
     tensor_from_values,
 )
-from inceptionlab.serve.service import API_KEY_HELP, KINDS, ServeError, ServeState, key_matches
+from inceptionlab.serve.service import (
+    API_KEY_HELP,
+    KINDS,
+    REQUEST_ID_HEADER,
+    ServeError,
+    ServeState,
+    key_matches,
+    request_id_from,
+)
 
 SERVICE = "inference.GRPCInferenceService"
 LIVENESS = "live"
@@ -139,7 +149,9 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         state = self.state
         model = state.model(request.model_name)
-        async with state.counted(model.name, "grpc") as counted:
+        request_id = request_id_from(dict(context.invocation_metadata() or ()))
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))  # also sent with an error status
+        async with state.counted(model.name, "grpc", request_id) as counted:
             state.refuse_early(model.name)
             raw = len(request.raw_input_contents) > 0
             # Raw tensors are views of the message (np.frombuffer); typed ones are copied element by

@@ -21,6 +21,7 @@ explicit `--precision int8` that fails is an error.
 from __future__ import annotations
 
 import io
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from inceptionlab import hardware
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.io.decode import decode_rgb
 from inceptionlab.data.text.vectorizer import TextVectorizer
@@ -75,24 +77,22 @@ MAX_TEXT_BYTES = 100_000  # a long IMDB review is ~10 kB; the model reads its fi
 
 @dataclass
 class ModelLoadSettings:
-    """How each served model is loaded: runtime, precision, device, batch buckets, instances."""
+    """How each served model is loaded: runtime, precision, device, batch buckets, instances.
+
+    None for max_batch, instances or max_delay_ms means `auto`: decided on this machine at start-up
+    (hardware.decide_serving: saturation images/s of each plan measured, cached per machine).
+    """
 
     backend: str = "auto"
     precision: str = "auto"
     device: str = "cpu"
-    max_batch: int | None = None  # None: measured at start-up (choose_max_batch)
-    instances: int = 1
+    max_batch: int | None = None
+    instances: int | None = None
     weights: str | None = None  # --model: imagenet (default), random, or a state_dict file
     exports: Path = Path("runs/exports")  # --model: where exports and caches go
     log: Callable[[str], None] = print
-
-
-# --max-batch auto: the buckets up to AUTO_MAX_BATCH are warmed up, then kept only if the largest runs
-# at least BATCHING_PAYS times the images/s of batch 1. Below that a batch mostly adds waiting: on the
-# 2-core AMD EPYC, OpenVINO bf16 Inception v3 ran batch 8 at 1.11x batch 1's images/s, and the highest
-# Poisson rate that held the p99 SLO was 21.6/s unbatched against 11-15/s with batches of 8.
-AUTO_MAX_BATCH = 32
-BATCHING_PAYS = 1.25
+    max_delay_ms: float | None = None
+    fresh: bool = False  # measure the serving plan afresh instead of reusing the speed cache
 
 
 def auto_backend(device: str, input_kind: str) -> str:
@@ -136,7 +136,8 @@ class ServedModel:
     vectorizer: Any = None  # text models: the run's TextVectorizer
     agreement: str | None = None  # the verdict that allowed a reduced precision
     warmup_s: float = 0.0
-    batching: str | None = None  # how --max-batch auto decided
+    batching: str | None = None  # the serving plan and the evidence it was chosen on
+    max_delay_ms: float = 2.0  # how long the batcher waits for a batch to fill
     task: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -296,77 +297,129 @@ def _check_pixels(data: bytes, name: str) -> None:
 
 def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, model: str | None = None,
                       name: str | None = None) -> ServedModel:
-    """A run directory or a pretrained name, on the chosen runtime, warmed up at every bucket."""
+    """A run directory or a pretrained name, on the chosen runtime and serving plan, warmed up at every bucket."""
     if run_dir is not None and _input_kind(run_dir) == "tokens":
-        served = _load_text_model(settings, run_dir, name)
+        opener = _text_opener(settings, run_dir)
     else:
-        served = _load_image_model(settings, run_dir, model, name)
+        opener = _image_opener(settings, run_dir, model)
+    decision = decide_plan(opener, settings)
+    buckets = batch_buckets(decision.plan.max_batch)
+    engines = [opener.engine(buckets, decision.threads) for _ in range(decision.plan.instances)]
+    served = ServedModel(name or opener.spec.arch, opener.spec, opener.label, opener.backend, opener.precision,
+                         next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
+                         opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms)
     started = time.perf_counter()
     warm_up(served)
-    if settings.max_batch is None:
-        served.batching = choose_max_batch(served)
     served.warmup_s = time.perf_counter() - started
     return served
 
 
-def choose_max_batch(served: ServedModel, clock: Callable[[], float] = time.perf_counter, repeats: int = 3) -> str:
-    """Keep the warmed buckets if the largest pays (BATCHING_PAYS), else serve unbatched; says why."""
-    engine, largest = served.engines[0], served.buckets[-1]
-    if largest == 1:
-        return "batch 1 only"
-    seconds = {size: _best_time(engine, served, size, clock, repeats) for size in (1, largest)}
-    gain = seconds[1] * largest / seconds[largest]
-    if gain >= BATCHING_PAYS:
-        return f"--max-batch auto: batch {largest} runs {gain:.2f}x the images/s of batch 1, batching on"
-    for index, kept in enumerate(served.engines):  # the other compiled buckets are freed with their sessions
-        served.engines[index] = Engine({1: kept.sessions[1]}, [1])
-    served.max_batch = 1
-    return (f"--max-batch auto: batch {largest} runs only {gain:.2f}x the images/s of batch 1 here "
-            f"(< {BATCHING_PAYS}), serving unbatched; --max-batch N forces batching")
+@dataclass
+class EngineOpener:
+    """Everything decided about a model but its serving plan: opens engines for any buckets and threads."""
+
+    label: str
+    spec: ModelSpec
+    backend: str
+    precision: str
+    open_session: Callable[[int, int | None], RuntimeSession]  # (batch, threads) -> a session
+    dynamic_shapes: bool  # one session runs every bucket (else one per bucket: OpenVINO's static shapes)
+    input_shape: list[int]
+    input_dtype: Any = np.float32
+    vectorizer: Any = None
+    agreement: str | None = None
+
+    def engine(self, buckets: list[int], threads: int | None) -> Engine:
+        if self.dynamic_shapes:
+            shared = self.open_session(buckets[-1], threads)
+            return Engine({b: shared for b in buckets}, buckets)
+        return Engine({b: self.open_session(b, threads) for b in buckets}, buckets)
 
 
-def _best_time(engine: Engine, served: ServedModel, size: int, clock: Callable[[], float], repeats: int) -> float:
-    inputs = blank_batch(served, size)
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        engine.run(inputs)
-        times.append(clock() - start)
-    return min(times)  # the least disturbed run: others are the machine's noise, not the model's
+def decide_plan(opener: EngineOpener, settings: ModelLoadSettings) -> hardware.ServeDecision:
+    """Instances, max batch and max delay for this model here (hardware.decide_serving), with evidence."""
+    device = torch.device(settings.device)
+    cpus = hardware.usable_cpus()
+    gpu = device.type == "cuda"
+    if hardware.auto_is_safe():  # no timing: one instance, as set
+        plan = hardware.ServePlan(settings.instances or 1, settings.max_batch or 1)
+        delay = settings.max_delay_ms if settings.max_delay_ms is not None else (2.0 if plan.max_batch > 1 else 0.0)
+        return hardware.ServeDecision(plan, delay, source="pinned",
+                                      threads=None if gpu else hardware.instance_threads(cpus, plan.instances))
+    plans = hardware.serve_plans(cpus, gpu, settings.instances, settings.max_batch)
+    facts = hardware.device_facts(device)
+    key = hardware.make_key("serve", facts, opener.spec.arch, opener.input_shape, hardware.AUTO_MAX_BATCH, cpus,
+                            extra=f"{opener.backend}/{opener.precision}")
+    return hardware.decide_serving(plans, lambda plan, seconds: saturation(opener, plan, cpus, gpu, seconds),
+                                   cpus=cpus, gpu=gpu, key=key, cache=hardware.SpeedCache(), fresh=settings.fresh,
+                                   delay_ms=settings.max_delay_ms)
+
+
+def saturation(opener: EngineOpener, plan: hardware.ServePlan, cpus: int, gpu: bool, seconds: float) -> float:
+    """Images/s with `plan.instances` engines, each in its own thread with its share of the CPUs, running
+    batches of `plan.max_batch` back to back: the most this plan can serve (what a load test saturates)."""
+    threads = None if gpu else hardware.instance_threads(cpus, plan.instances)
+    engines = [opener.engine([plan.max_batch], threads) for _ in range(plan.instances)]
+    inputs = np.zeros((plan.max_batch, *opener.input_shape), opener.input_dtype)
+    for engine in engines:
+        engine.run(inputs)  # warm-up: kernel creation, first-call allocation
+    start = threading.Barrier(plan.instances + 1)
+    deadline = [0.0]
+    counts = [0] * plan.instances
+
+    def work(index: int) -> None:
+        start.wait()
+        while time.perf_counter() < deadline[0]:
+            engines[index].run(inputs)
+            counts[index] += plan.max_batch
+
+    workers = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(plan.instances)]
+    for worker in workers:
+        worker.start()
+    began = time.perf_counter()
+    deadline[0] = began + max(0.5, min(2.0, seconds / 3))
+    start.wait()
+    for worker in workers:
+        worker.join()
+    return sum(counts) / (time.perf_counter() - began)
 
 
 def _input_kind(run_dir: Path) -> str:
     return ModelSpec.load(RunDir.open(run_dir).spec_file).input_kind
 
 
-def _load_text_model(settings: ModelLoadSettings, run_dir: Path, name: str | None) -> ServedModel:
+def _text_opener(settings: ModelLoadSettings, run_dir: Path) -> EngineOpener:
     if settings.backend not in ("auto", "eager"):
         raise UserError(f"{run_dir}: text models run on --backend eager (the ONNX export covers image models)")
     if settings.precision not in ("auto", "fp32"):
         raise UserError(f"{run_dir}: text models run in fp32 (an embedding + LSTM-sized model gains nothing)")
     net, spec = load_run_model(run_dir)
     vectorizer = TextVectorizer.load(Path(run_dir) / spec.tokenizer)
-    buckets = batch_buckets(settings.max_batch or AUTO_MAX_BATCH)
-    engines = []
-    for _ in range(settings.instances):
-        session = TorchSession(net, "fp32", "nchw", settings.device, buckets[-1])
-        engines.append(Engine({b: session for b in buckets}, buckets))
-    return ServedModel(name or spec.arch, spec, str(run_dir), "eager", "fp32", engines[0].sessions[1].provider,
-                       engines, buckets[-1], vectorizer)
+
+    def open_session(batch: int, threads: int | None) -> RuntimeSession:
+        return TorchSession(net, "fp32", "nchw", settings.device, batch, threads=threads)
+
+    return EngineOpener(str(run_dir), spec, "eager", "fp32", open_session, True, [vectorizer.seq_len], np.int64,
+                        vectorizer)
 
 
-def _load_image_model(settings: ModelLoadSettings, run_dir: Path | None, model: str | None,
-                      name: str | None) -> ServedModel:
+def _image_opener(settings: ModelLoadSettings, run_dir: Path | None, model: str | None) -> EngineOpener:
+    """Backend and precision for an image model: the probe's candidates, each checked by the agreement rule."""
     source = load_source(run_dir=run_dir, model=model, weights=settings.weights, out=settings.exports)
     backend = auto_backend(settings.device, "image") if settings.backend == "auto" else settings.backend
     runtime = get_runtime(backend)
     runtime.require()
     artifacts = Artifacts(source, log=settings.log)
-    target = Target(device=settings.device)
-    layout = "nchw" if runtime.layouts != (NATIVE_LAYOUT,) else NATIVE_LAYOUT
-    for precision in _precision_candidates(settings.precision, backend):
+    facts = hardware.device_facts(settings.device)
+    candidates, layout = _precision_candidates(settings, backend, runtime, source, facts)
+    for precision in candidates:
+        def open_session(batch: int, threads: int | None, precision: str = precision) -> RuntimeSession:
+            return runtime.open(artifacts, precision, layout, Target(settings.device, threads=threads), batch)
+
+        opener = EngineOpener(source.label, source.spec, backend, precision, open_session,
+                              runtime.name != "openvino", list(source.spec.input_shape))
         try:
-            engine, verdict = _open_engine(runtime, artifacts, precision, layout, target, settings)
+            verdict = _check(opener, artifacts, settings)
         except Unsupported as exc:
             settings.log(f"{source.label}: {backend} {precision} skipped: {exc}")
             continue
@@ -378,36 +431,48 @@ def _load_image_model(settings: ModelLoadSettings, run_dir: Path | None, model: 
                 raise UserError(f"{source.label}: int8 failed the agreement rule ({verdict.reason}); serve fp32 "
                                 "or pass --calib-images with more real images")
             settings.log(f"warning: {source.label}: {precision} as asked, but {verdict.reason}")
-        engines = [engine] + [_open_engine(runtime, artifacts, precision, layout, target, settings, check=False)[0]
-                              for _ in range(settings.instances - 1)]
-        provider = next(iter(engine.sessions.values())).provider
-        return ServedModel(name or source.spec.arch, source.spec, source.label, backend, precision, provider, engines,
-                           engine.buckets[-1], agreement=verdict.reason if verdict else None)
+        opener.agreement = verdict.reason if verdict else None
+        return opener
     raise UserError(f"{source.label}: no usable precision on {backend} (see the lines above)")
 
 
-def _precision_candidates(requested: str, backend: str) -> list[str]:
-    if requested == "auto":
-        # OpenVINO bf16: the fastest CPU configuration measured; the rule decides if it may be used.
-        return ["bf16", "fp32"] if backend == "openvino" else ["fp32"]
-    if requested not in PRECISIONS:
-        raise UserError(f"--precision {requested!r}: use auto or one of {', '.join(PRECISIONS)}")
-    return [requested]
+def _precision_candidates(settings: ModelLoadSettings, backend: str, runtime: Any, source: Any,
+                          facts: hardware.DeviceFacts) -> tuple[list[str], str]:
+    """(precisions to try in order, layout). auto: what the probe allows; on PyTorch backends measured
+    (infer/speed.py); fp32 is always the fallback the agreement rule can fall back to."""
+    layout = NATIVE_LAYOUT if runtime.layouts == (NATIVE_LAYOUT,) else "nchw"
+    requested = settings.precision
+    if requested != "auto":
+        if requested not in PRECISIONS:
+            raise UserError(f"--precision {requested!r}: use auto or one of {', '.join(PRECISIONS)}")
+        warning = hardware.emulation_warning(facts, requested)
+        if warning:
+            settings.log(f"warning: {warning}")
+        return [requested], layout
+    if layout != NATIVE_LAYOUT:  # PyTorch backends: time precision and memory format on this model
+        from inceptionlab.infer.speed import decide_inference  # the PyTorch backends' path only
+
+        decision = decide_inference(source.model, source.spec.arch, tuple(source.spec.input_shape),
+                                    settings.max_batch or 1, torch.device(settings.device))
+        settings.log(f"{source.label}: {decision.line(f'{backend} precision and layout')}")
+        layout = "channels_last" if decision.choice.channels_last else "nchw"
+        return list(dict.fromkeys([decision.choice.precision, "fp32"])), layout
+    options, ruled_out = hardware.precision_options(facts, training=False)
+    for name, why in ruled_out.items():
+        if name in runtime.precisions:
+            settings.log(f"{source.label}: {backend} {name} not tried: {why}")
+    # Reduced precisions first (faster where the device has units for them), fp32 the fallback.
+    return [p for p in ("bf16", "fp16") if p in options and p in runtime.precisions] + ["fp32"], layout
 
 
-def _open_engine(runtime: Any, artifacts: Artifacts, precision: str, layout: str, target: Target,
-                 settings: ModelLoadSettings, check: bool = True) -> tuple[Engine, Any]:
-    buckets = batch_buckets(settings.max_batch or AUTO_MAX_BATCH)
-    if precision == "int8" and artifacts.sets is None:
+def _check(opener: EngineOpener, artifacts: Artifacts, settings: ModelLoadSettings) -> Any:
+    """Open the precision once (an Unsupported precision fails here) and apply the agreement rule to reduced ones."""
+    if opener.precision not in REDUCED_PRECISIONS:
+        return None  # fp32 runs everywhere: nothing to check, no engine to build and throw away
+    largest = settings.max_batch or hardware.AUTO_MAX_BATCH
+    if opener.precision == "int8" and artifacts.sets is None:
         artifacts.sets = _image_sets(artifacts)  # calibration images, before the quantizer asks
-    if runtime.name == "openvino":  # static shapes: one compiled model per bucket
-        sessions = {b: runtime.open(artifacts, precision, layout, target, b) for b in buckets}
-    else:  # dynamic shapes: one session runs every bucket
-        shared = runtime.open(artifacts, precision, layout, target, buckets[-1])
-        sessions = {b: shared for b in buckets}
-    engine = Engine(sessions, buckets)
-    verdict = _agreement(artifacts, engine, settings) if check and precision in REDUCED_PRECISIONS else None
-    return engine, verdict
+    return _agreement(artifacts, opener.engine([largest], None), settings)
 
 
 def _agreement(artifacts: Artifacts, engine: Engine, settings: ModelLoadSettings) -> Any:

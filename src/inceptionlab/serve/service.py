@@ -5,6 +5,11 @@ repository index) as plain dicts in Triton's JSON form.
 HTTP (app.py) sends these dicts as they are; gRPC (grpc_server.py) fills the proto messages of the
 same names from them, so both protocols answer from one place. Errors are `ServeError`s of a kind
 that fixes the HTTP status, the gRPC status code and the metrics outcome together (KINDS).
+
+Every inference request has an id (`request_id_from`): the client's `X-Request-ID` header (gRPC: the
+`x-request-id` metadata), else a new one. Both front ends send it back (the `X-Request-ID` header,
+gRPC trailing metadata); a request that fails by the server's fault is answered 500 (gRPC INTERNAL)
+naming its id, and the server's log holds that failure's traceback under the same id.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import hmac
 import logging
 import os
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,7 +28,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
 import numpy as np
 
 from inceptionlab import __version__
-from inceptionlab.errors import UserError
+from inceptionlab.errors import UserError, summary_of
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
 from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, OUTPUTS, ServedModel
@@ -40,7 +46,7 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 class RequestSettings:
     """How requests are batched, queued, limited and authenticated (both protocols alike)."""
 
-    max_delay_ms: float = 2.0
+    max_delay_ms: float | None = None  # None: each model's own, decided with its serving plan
     max_queue: int = 256
     timeout_s: float = 30.0
     max_body_bytes: int = 20 * 1024 * 1024  # 20 MiB: a 12 Mpx JPEG is ~5 MB, a 32x299x299 FP32 batch 34 MB
@@ -92,9 +98,22 @@ def key_matches(headers: Mapping[str, str], key: str) -> bool:
 
 API_KEY_HELP = "missing or wrong API key: send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
 
+REQUEST_ID_HEADER = "x-request-id"  # what proxies and tracing already set (HTTP header, gRPC metadata)
+_MAX_REQUEST_ID = 128
+
+
+def request_id_from(headers: Mapping[str, str]) -> str:
+    """The client's `X-Request-ID` when it is a short printable string, else a new random id (32 hex
+    digits): what the answer carries back and the server's log names."""
+    given = (headers.get(REQUEST_ID_HEADER) or "").strip()
+    if given and len(given) <= _MAX_REQUEST_ID and given.isprintable():
+        return given
+    return uuid.uuid4().hex
+
 
 @dataclass
 class Counted:
+    request_id: str = ""
     outcome: str = "error"  # until the request is answered or refused for a known reason
 
 
@@ -118,7 +137,7 @@ class ServeState:
 
     def start(self) -> None:
         for name, model in self.models.items():
-            batcher = DynamicBatcher(model.run, model.max_batch, self.settings.max_delay_ms / 1e3,
+            batcher = DynamicBatcher(model.run, model.max_batch, self.delay_ms(model) / 1e3,
                                      self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name)
             batcher.start()
             self.batchers[name] = batcher
@@ -156,12 +175,13 @@ class ServeState:
     # ------------------------------------------------------------------ one request
 
     @asynccontextmanager
-    async def counted(self, name: str, protocol: str) -> AsyncIterator[Counted]:
+    async def counted(self, name: str, protocol: str, request_id: str) -> AsyncIterator[Counted]:
         """One request's bookkeeping for every inference route of both protocols: the library's
-        errors become ServeErrors, and every request is counted by front end (metrics.PROTOCOLS)
-        and outcome with its time."""
+        errors become ServeErrors, the server's own failures are logged with their traceback and the
+        request's id, and every request is counted by front end (metrics.PROTOCOLS) and outcome with
+        its time."""
         started = time.perf_counter()
-        counted = Counted()
+        counted = Counted(request_id)
         try:
             yield counted
         except (ProtocolError, UserError) as exc:
@@ -173,6 +193,9 @@ class ServeState:
         except asyncio.CancelledError:  # a gRPC client cancelled, or its deadline passed
             counted.outcome = "cancelled"
             raise
+        except Exception as exc:  # the server's own failure (decoding, a model's code): logged, then a 500
+            log.error("model %s: request %s failed", name, request_id, exc_info=exc)
+            raise internal_error(exc, request_id) from exc
         finally:
             self.metrics.record_request(name, protocol, counted.outcome, time.perf_counter() - started)
 
@@ -203,15 +226,15 @@ class ServeState:
         except ValueError as exc:
             raise ServeError("invalid", str(exc)) from None
         item, count = await self.in_thread(model.prepare_tensor, request.inputs[0])
-        result = await self.submit(model.name, item, count, timeout_s)
+        result = await self.submit(model.name, item, count, counted.request_id, timeout_s)
         counted.outcome = "success"
         return {name: result[name] for name in request.outputs or OUTPUTS}
 
-    async def submit(self, name: str, item: Any, count: int, timeout_s: float | None = None) -> Any:
+    async def submit(self, name: str, item: Any, count: int, request_id: str, timeout_s: float | None = None) -> Any:
         """Queue one request's item on its model's batcher; refusals and failures become ServeErrors."""
         timeout = self.settings.timeout_s if timeout_s is None else min(timeout_s, self.settings.timeout_s)
         try:
-            return await self.batchers[name].submit(item, count, timeout)
+            return await self.batchers[name].submit(item, count, timeout, tag=request_id)
         except (QueueFull, Draining) as exc:
             raise self._refusal(exc) from None
         except ValueError as exc:  # bigger than --max-batch
@@ -219,9 +242,12 @@ class ServeState:
         except asyncio.TimeoutError:
             raise ServeError("timeout", f"no answer within {timeout:g} s (--timeout-s "
                              f"{self.settings.timeout_s:g}, or the client's deadline)") from None
-        except Exception as exc:  # a failed batch: an error for its requests, the server goes on
-            log.exception("model %s: inference failed", name)
-            raise ServeError("internal", f"inference failed: {type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # a failed batch (the batcher logged its traceback): a 500, the server goes on
+            raise internal_error(exc, request_id, "inference failed") from exc
+
+    def delay_ms(self, model: ServedModel) -> float:
+        """--max-delay-ms as set, else the model's own (decided with its serving plan)."""
+        return model.max_delay_ms if self.settings.max_delay_ms is None else self.settings.max_delay_ms
 
     # ------------------------------------------------------------------ the protocol's answers
 
@@ -233,7 +259,7 @@ class ServeState:
         inputs and batching from), with inceptionlab's own facts (precision, provider, the inputs it
         accepts, class labels) in `parameters`."""
         model, settings = self.model(name), self.settings
-        meta = model.metadata()
+        meta, delay_ms = model.metadata(), self.delay_ms(model)
         return {
             "name": model.name,
             "platform": meta["platform"],
@@ -244,7 +270,7 @@ class ServeState:
                        for o in meta["outputs"]],
             "dynamic_batching": {
                 "preferred_batch_size": model.buckets,
-                "max_queue_delay_microseconds": int(settings.max_delay_ms * 1000),
+                "max_queue_delay_microseconds": int(delay_ms * 1000),
                 "default_queue_policy": {"max_queue_size": settings.max_queue,
                                          "default_timeout_microseconds": int(settings.timeout_s * 1e6)},
             },
@@ -288,6 +314,13 @@ class ServeState:
         if ready_only and state != "READY":
             return []
         return [{"name": name, "version": "1", "state": state, "reason": reason} for name in self.models]
+
+
+def internal_error(exc: BaseException, request_id: str, what: str = "the server failed") -> ServeError:
+    """A 500 (gRPC INTERNAL) for the server's own failure: one line naming the request's id, under
+    which the server's log holds the traceback."""
+    return ServeError("internal", f"{what} ({summary_of(exc)}); request id {request_id}: the server's log has "
+                      "the traceback")
 
 
 def _config_input(spec: dict[str, Any]) -> dict[str, Any]:

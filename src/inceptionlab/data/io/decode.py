@@ -15,7 +15,6 @@ import io
 import os
 import re
 import struct
-import warnings
 from pathlib import Path
 from typing import BinaryIO
 
@@ -100,12 +99,10 @@ def _open_file(path: Path) -> BinaryIO:
 def _decode(fp: BinaryIO, path: Path, max_side: int | None) -> Image.Image:
     """Identify and fully decode the image, so a damaged file fails here and never later."""
     try:
-        # Between MAX_IMAGE_PIXELS and twice that PIL only warns; such images are fine to
-        # classify, and a warning per file would drown predict's output. (catch_warnings swaps
-        # the process-wide filters; DataLoader workers are processes, so that is safe there.)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(fp)
+        # Between MAX_IMAGE_PIXELS and twice that PIL only warns (such images are fine to classify);
+        # the CLI silences that warning once for its process (cli/app.py quiet_image_warnings): a
+        # filter swapped per call here would race between the server's decoding threads.
+        image = Image.open(fp)
         if max_side is not None:
             # Only JPEG (and MPO, its multi-picture variant) implements draft; it is a no-op
             # elsewhere. The JPEG decoder then scales by 1/2..1/8 at no extra cost.
@@ -127,10 +124,9 @@ def _decode(fp: BinaryIO, path: Path, max_side: int | None) -> Image.Image:
 def _apply_exif_orientation(image: Image.Image) -> Image.Image:
     """Rotate/flip as the EXIF orientation tag says, so phone photos come out upright."""
     try:
-        # Broken EXIF blocks are common in phone/editor output; PIL warns about them per file.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ImageOps.exif_transpose(image, in_place=True)
+        # Broken EXIF blocks are common in phone/editor output; PIL warns about them per file (the CLI
+        # silences those warnings once, like the decompression-bomb one above).
+        ImageOps.exif_transpose(image, in_place=True)
     except Exception:  # noqa: BLE001 - metadata is optional
         # The pixels decoded fine; unreadable metadata must not reject a usable photo, so keep
         # the image as stored.

@@ -27,12 +27,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.loading.shared_memory import fit_workers
 from inceptionlab.fileio import atomic_torch_save, atomic_write_json
 from PIL import Image
 
 CACHE_VERSION = 1
 CACHE_DIRNAME = ".inceptionlab-cache"
 HEADER_SAMPLE = 32  # image headers read to estimate a split's size before it is decoded
+DECODE_BATCH = 64  # files per worker task while decoding a split
 
 
 @dataclass
@@ -139,9 +141,11 @@ def _keep_list(batch: list[Any]) -> list[Any]:
 
 def decode_split(samples: list[tuple[str, int]], cache_size: int, num_workers: int = 0) -> ImageCache:
     """Decode every file (in `num_workers` processes) into one padded uint8 tensor."""
+    # At most 3 x cache_size^2 bytes an image, 64 a batch, PyTorch's default prefetch of 2.
+    num_workers = fit_workers(num_workers, 2, DECODE_BATCH * 3 * cache_size**2, what="image cache build")
     # Its own generator: a DataLoader otherwise draws its base seed from the global RNG, and a run that
     # builds the cache would then initialise its model differently from one that loads it.
-    loader = DataLoader(_DecodeFiles(samples, cache_size), batch_size=64, num_workers=num_workers,
+    loader = DataLoader(_DecodeFiles(samples, cache_size), batch_size=DECODE_BATCH, num_workers=num_workers,
                         collate_fn=_keep_list, generator=torch.Generator())
     decoded: list[torch.Tensor | None] = [image for batch in loader for image in batch]
     heights = torch.tensor([0 if x is None else x.shape[1] for x in decoded], dtype=torch.long)

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_seed, image_folder_of
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
+from inceptionlab.data.loading.shared_memory import fit_workers
 from inceptionlab.data.loading.workers import SkipTrackingLoader, partition_unreadable
 from inceptionlab.data.transforms.device import DeviceAugment
 
@@ -119,6 +120,8 @@ def stream_image_loader(
     files = _StreamFiles([folder.samples[i] for i in indices], options.cache_size)
     sampler = EpochSampler(len(files), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
     workers = default_num_workers() if num_workers is None else num_workers
+    # Every batch is exactly this size (PadToFixed): uint8, batch x 3 x cache_size^2.
+    workers = fit_workers(workers, PREFETCH, batch_size * 3 * options.cache_size**2, what="streaming image loader")
     # Its own generator: a DataLoader otherwise draws its base seed from the global RNG (decoded_cache.py).
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(

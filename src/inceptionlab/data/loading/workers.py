@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
+from inceptionlab.data.loading.shared_memory import batch_bytes, fit_workers
 from inceptionlab.data.splits import ArraySplit
 
 # Batches each worker prepares ahead (PyTorch's default is 2; streamed.py says why it keeps 2).
@@ -33,6 +34,14 @@ def collate_skipping_unreadable(batch: list[tuple[Any, Any]]) -> tuple[torch.Ten
     inputs = torch.stack([torch.as_tensor(x) for x, _ in good])
     targets = torch.tensor([y for _, y in good], dtype=torch.long)
     return inputs, targets, skipped
+
+
+def worker_seed(seed: int, epoch: int, rank: int) -> int:
+    """The loader generator's seed for one epoch on one rank. The DataLoader draws its workers' base
+    seed from that generator, so each rank's workers get RNG streams of their own: with the rank left
+    out, every rank's workers drew the same random crops and flips. (4,099, a prime above any world
+    size run here, keeps (epoch, rank) pairs apart.)"""
+    return (seed * 1_000_003 + epoch) * 4_099 + rank
 
 
 @dataclass
@@ -56,7 +65,7 @@ class SkipTrackingLoader:
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Fix the epoch's sample order and worker seeds; skip the first `start` samples."""
         self.sampler.set_epoch(epoch, start)
-        self.generator.manual_seed(self.seed * 1_000_003 + epoch)
+        self.generator.manual_seed(worker_seed(self.seed, epoch, self.sampler.rank))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for inputs, targets, skipped in self.loader:
@@ -83,10 +92,13 @@ class ArrayDataset(Dataset):
 
 def worker_loader(dataset: Sized, sampler: EpochSampler, *, batch_size: int, seed: int, num_workers: int | None,
                   pin_memory: bool = False) -> SkipTrackingLoader:
-    """A DataLoader over `dataset` in `num_workers` processes (default: one per core, at most 8)."""
+    """A DataLoader over `dataset` in `num_workers` processes (default: one per core, at most 8; fewer
+    when /dev/shm cannot hold their batches, shared_memory.py)."""
     if isinstance(dataset, ArraySplit):
         dataset = ArrayDataset(dataset)
     workers = default_num_workers() if num_workers is None else num_workers
+    if workers > 0:
+        workers = fit_workers(workers, PREFETCH, batch_bytes(dataset, batch_size), what="data loader")
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         dataset,  # type: ignore[arg-type]
