@@ -47,6 +47,7 @@ def machine_slug(env: dict[str, Any]) -> str:
     name = re.sub(r"\((r|tm)\)", "", str(env.get("device_name") or env.get("cpu") or "unknown"), flags=re.I)
     if str(env.get("device", "cpu")).startswith("cpu"):
         name += f" {env.get('cpu_capability') or ''}" + (" bf16" if env.get("cpu_bf16") else "")
+        name += " isa-capped" if env.get("speed_env", {}).get("ONEDNN_MAX_CPU_ISA") else ""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:80] or "unknown"
 
 
@@ -104,8 +105,11 @@ def render_record(record: dict[str, Any]) -> str:
 
 def machine_line(env: dict[str, Any]) -> str:
     cpu = env.get("cpu", "unknown CPU")
-    parts = [f"{cpu} ({env.get('cpu_capability', 'capability unknown')}, {env.get('cpu_count', '?')} cores, "
-             f"{env.get('torch_threads', '?')} torch threads)"]
+    bf16 = "bf16 units" if env.get("cpu_bf16") else "no bf16 units"
+    capped = env.get("speed_env", {}).get("ONEDNN_MAX_CPU_ISA")
+    isa = f", ISA capped to {capped} by ONEDNN_MAX_CPU_ISA" if capped else ""
+    parts = [f"{cpu} ({env.get('cpu_capability', 'capability unknown')}, {bf16}{isa}, {env.get('cpu_count', '?')} "
+             f"cores, {env.get('torch_threads', '?')} torch threads)"]
     if str(env.get("device", "cpu")).startswith("cuda"):
         parts.insert(0, f"{env.get('device_name')} ({env.get('build', 'GPU')})")
     return " on ".join(parts)

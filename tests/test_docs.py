@@ -123,6 +123,10 @@ def test_write_result_writes_rows_columns_command_and_environment(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written atomically: no temp file left
     with_bf16 = {**FAKE_ENV, "cpu_capability": "AVX512", "cpu_bf16": True}
     assert results.machine_slug(with_bf16) == "test-cpu-9000-avx512-bf16" != results.machine_slug(FAKE_ENV)
+    # A CPU with bf16 units measured with its ISA capped (the AVX2-only stand-in) is not that CPU.
+    capped = {**FAKE_ENV, "speed_env": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert results.machine_slug(capped) == "test-cpu-9000-avx2-isa-capped"
+    assert "no bf16 units, ISA capped to AVX2 by ONEDNN_MAX_CPU_ISA" in results.machine_line(capped)
     record = json.loads(path.read_text())
     assert record["rows"] == [{"config": "plain", "img_per_s": 3.7615}]
     assert record["env"] == FAKE_ENV and record["settings"] == {"batch": 16} and record["title"] == "a step"
@@ -159,7 +163,7 @@ def test_render_draws_the_newest_table_per_machine_each_naming_its_machine(tmp_p
 
     text = results.render_benchmark("inference", tmp_path)
 
-    assert "**AMD EPYC 7763 (AVX2, 2 cores, 2 torch threads)**: inference title" in text
+    assert "**AMD EPYC 7763 (AVX2, no bf16 units, 2 cores, 2 torch threads)**: inference title" in text
     assert "**Intel(R) Xeon(R) Platinum 8480+ (AVX2" in text
     assert "| eager | 11.4 | - |" in text and "| openvino | 177.8 | yes |" in text
     assert "| old |" not in text and "unbatched" not in text  # an older file and another benchmark

@@ -69,6 +69,12 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+# Variables that change what a figure means: an ISA cap makes a CPU with bf16 units measure as one
+# without (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 stands in for an AVX2-only CPU), thread
+# counts and OpenMP's waiting change throughput under load.
+SPEED_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "INCEPTIONLAB_AUTO")
+
+
 def environment() -> dict[str, Any]:
     """The machine and software a figure was measured on, as far as they are known without torch."""
     flags = cpu_flags()
@@ -77,6 +83,7 @@ def environment() -> dict[str, Any]:
         "cpu": cpu_model_name(),
         "cpu_flags": [flag for flag in SPEED_FLAGS if flag in flags],
         "cpu_count": os.cpu_count(),
+        "speed_env": {name: os.environ[name] for name in SPEED_ENV if name in os.environ},
         "host": platform.node(),
         "load_average": load_average(),
         "argv": list(sys.argv),
