@@ -110,6 +110,19 @@ def test_downscaled_crops_match_torchvision_antialias():
         assert (ours[n].round() - theirs.float()).abs().max() <= 1
 
 
+@pytest.mark.parametrize("flip", [None, torch.tensor([True, False, True])])
+def test_nchw_output_is_written_directly_with_the_same_values(flip):
+    """channels_last=False: the same pixels as the channels_last result, already contiguous NCHW (the
+    model's layout), so nothing converts a 299 px batch afterwards."""
+    images = random_images(3, 48, 40).float()
+    boxes = sample_crop_params(torch.Generator().manual_seed(2), torch.full((3,), 48), torch.full((3,), 40))
+    nhwc = resample(images, boxes, 75, flip=flip)
+    nchw = resample(images, boxes, 75, flip=flip, channels_last=False)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last) and not nhwc.is_contiguous()
+    assert nchw.is_contiguous() and nchw.shape == nhwc.shape == (3, 3, 75, 75)
+    torch.testing.assert_close(nchw, nhwc, rtol=0, atol=1e-3)
+
+
 def test_flip_reverses_columns_only_where_asked():
     images = random_images(4, 32, 32)
     boxes = sample_crop_params(torch.Generator().manual_seed(5), torch.full((4,), 32), torch.full((4,), 32))
