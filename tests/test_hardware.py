@@ -300,6 +300,24 @@ def test_the_governor_gives_up_a_thread_while_another_process_keeps_a_cpu_busy()
     assert set_to == [2, 1, 2] and len(lines) == 2 and "other processes used 1.0 of 2 CPUs" in lines[0]
 
 
+def test_the_governor_samples_at_most_every_min_interval():
+    """Asked before every step, it reads /proc only when the last sample is old enough to mean something."""
+    import time
+
+    taken: list[float] = []
+
+    def sample() -> hardware.CpuSample:
+        taken.append(time.monotonic())
+        return hardware.CpuSample(0, 0, time.monotonic())
+
+    governor = hardware.ThreadGovernor(2, sample=sample, set_threads=lambda n: None, min_interval_s=3600)
+    assert [governor.update() for _ in range(5)] == [2] * 5
+    assert len(taken) == 1  # the first sample only, taken when the governor started
+    governor.min_interval_s = 0.0
+    governor.update()
+    assert len(taken) == 2
+
+
 def test_a_fixed_thread_count_is_never_governed():
     set_to: list[int] = []
     governor = hardware.ThreadGovernor(3, sample=lambda: hardware.CpuSample(0, 0, 0), set_threads=set_to.append,
@@ -430,3 +448,21 @@ def test_the_cli_points_miopen_at_a_writable_per_version_folder_before_torch_loa
     if os.access(read_only, os.W_OK):  # root writes anywhere: the unwritable branch cannot be shown here
         return
     assert hardware.prepare_process_environment({"XDG_CACHE_HOME": str(read_only)}) == {}
+
+
+def test_training_asks_the_governor_before_every_step():
+    from inceptionlab.engine.fit import _governed
+
+    class Counting:
+        calls = 0
+
+        def update(self) -> int:
+            self.calls += 1
+            return 1
+
+    governor = Counting()
+    seen = []
+    for batch in _governed(iter(range(4)), governor):
+        seen.append((batch, governor.calls))
+    assert seen == [(0, 1), (1, 2), (2, 3), (3, 4)]  # each step runs after its own check
+    assert list(_governed(iter("ab"), None)) == ["a", "b"]

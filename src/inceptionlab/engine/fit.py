@@ -164,8 +164,8 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
     s, epochs = r.s, r.s.recipe.train.epochs
     s.train_loader.set_epoch(epoch, start=first_step * s.recipe.train.batch_size)
     steps_in_epoch = first_step + len(s.train_loader)
-    loader = r.report.wrap(s.train_loader, epoch + 1, epochs, first_step)
-    log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log, _governor(s))
+    loader = _governed(r.report.wrap(s.train_loader, epoch + 1, epochs, first_step), s.threads)
+    log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log)
     r.lr = s.optimizer.param_groups[0]["lr"]
     try:
         return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
@@ -180,9 +180,13 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
         r.report.close_bar()
 
 
-def _governor(s: TrainingSession) -> Callable[..., Any] | None:
-    """Re-sizes torch's thread pool at each log interval (a host sync the loop makes anyway)."""
-    return s.threads.update if s.threads is not None else None
+def _governed(batches: Iterator[Any], governor: hardware.ThreadGovernor | None) -> Iterator[Any]:
+    """The batches, torch's thread pool re-sized before each step (the governor samples at most every
+    couple of seconds), so a process that starts beside the run costs it seconds, not an interval."""
+    for batch in batches:
+        if governor is not None:
+            governor.update()
+        yield batch
 
 
 def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, result: EpochResult) -> bool:
