@@ -127,3 +127,19 @@ def broken_model(run_dir: Path):
 
 def run_async(coro):
     return asyncio.run(coro)
+
+
+def classify_over_both(base: str, grpc_port: int, image: bytes, http_calls: int, grpc_calls: int,
+                       model: str = "tiny") -> None:
+    """`http_calls` images to /v1/classify and `grpc_calls` to ModelInfer (BYTES [1, 1]), each answered."""
+    import httpx
+    import numpy as np
+    import tritonclient.grpc as tg
+
+    for _ in range(http_calls):
+        assert httpx.post(f"{base}/v1/classify", content=image, timeout=60).status_code == 200
+    with tg.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+        for _ in range(grpc_calls):
+            tensor = tg.InferInput("image_bytes", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[image]], dtype=object))
+            client.infer(model, [tensor])

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from serve_helpers import serve_model, train_tiny_run, uvicorn_thread
+from serve_helpers import classify_over_both, serve_model, train_tiny_run, uvicorn_thread
 
 from inceptionlab.infer.predict import Predictor
 from inceptionlab.models.registry import load_run_model
@@ -82,9 +82,6 @@ def _live_row(browser, protocol: str) -> dict[str, str] | None:
 
 def test_the_page_shows_the_server_at_work_per_protocol(tmp_path_factory, browser):
     """Requests sent over HTTP and gRPC appear on the page, each under its protocol, from the server's metrics."""
-    import httpx
-    import numpy as np
-    import tritonclient.grpc as tg
     from selenium.webdriver.support.ui import WebDriverWait
 
     run_dir, data = train_tiny_run(tmp_path_factory)
@@ -95,13 +92,7 @@ def test_the_page_shows_the_server_at_work_per_protocol(tmp_path_factory, browse
         wait = WebDriverWait(browser, 30)
         before = wait.until(lambda b: (row := _live_row(b, "http")) and _live_row(b, "grpc") and row)
         assert before["requests"] == "0" and before["rate"] in ("0.0", "-") and before["p50"] == "-"
-        for _ in range(6):
-            assert httpx.post(f"{base}/v1/classify", content=image, timeout=60).status_code == 200
-        with tg.InferenceServerClient(f"127.0.0.1:{app.state.serve.grpc_port}") as client:
-            for _ in range(3):
-                tensor = tg.InferInput("image_bytes", [1, 1], "BYTES")
-                tensor.set_data_from_numpy(np.array([[image]], dtype=object))
-                client.infer("tiny", [tensor])
+        classify_over_both(base, app.state.serve.grpc_port, image, http_calls=6, grpc_calls=3)
         http = wait.until(lambda b: (row := _live_row(b, "http")) and row["requests"] == "6" and row)
         grpc = wait.until(lambda b: (row := _live_row(b, "grpc")) and row["requests"] == "3" and row)
         # The same redraw that counted them shows their rate and latency (each point covers the last 5 s).

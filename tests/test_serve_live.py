@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
-from serve_helpers import serve_model, train_tiny_run, uvicorn_thread
+from serve_helpers import classify_over_both, serve_model, train_tiny_run, uvicorn_thread
 
 from inceptionlab.serve.batcher import BatchStats
 from inceptionlab.serve.live import LiveStats, bucket_quantile
@@ -83,7 +83,6 @@ def test_live_view_rates_batches_and_queue_per_model_and_protocol():
 
 def test_live_endpoint_tells_the_protocols_apart(tmp_path_factory):
     """Requests over HTTP and gRPC to one model: /v1/live and /metrics count each under its front end."""
-    import tritonclient.grpc as tg
 
     from inceptionlab.serve.app import create_app
     from inceptionlab.serve.service import RequestSettings
@@ -92,13 +91,7 @@ def test_live_endpoint_tells_the_protocols_apart(tmp_path_factory):
     image = sorted((data / "val").rglob("*.png"))[0].read_bytes()
     app = create_app([serve_model(run_dir)], RequestSettings(), grpc_address="127.0.0.1:0")
     with uvicorn_thread(app) as base:
-        for _ in range(3):
-            assert httpx.post(f"{base}/v1/classify", content=image, timeout=60).status_code == 200
-        with tg.InferenceServerClient(f"127.0.0.1:{app.state.serve.grpc_port}") as client:
-            for _ in range(2):
-                tensor = tg.InferInput("image_bytes", [1, 1], "BYTES")
-                tensor.set_data_from_numpy(np.array([[image]], dtype=object))
-                client.infer("tiny", [tensor])
+        classify_over_both(base, app.state.serve.grpc_port, image, http_calls=3, grpc_calls=2)
         app.state.live.sample()  # the sampler's next tick, now
         live = httpx.get(f"{base}/v1/live").json()
         metrics = httpx.get(f"{base}/metrics").text
