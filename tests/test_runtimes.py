@@ -85,6 +85,18 @@ def test_openvino_fp32_is_asked_for_explicitly(tiny):
     assert session.provider.endswith("CPU fp32")
 
 
+def test_openvino_instances_get_their_share_of_the_cores_unpinned(tiny):
+    """An instance's threads are its share, and its stream is not pinned: pinned, two compiled models
+    put their streams on the same first core and ran no faster together than one alone."""
+    if not installed("openvino"):
+        pytest.skip("openvino not installed")
+    session = RUNTIMES["openvino"].open(tiny, "fp32", "native", Target("cpu", threads=1), batch=1)
+    assert int(session.compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+    assert session.compiled.get_property("ENABLE_CPU_PINNING") is False
+    whole = RUNTIMES["openvino"].open(tiny, "fp32", "native", Target("cpu"), batch=1)
+    assert int(whole.compiled.get_property("INFERENCE_NUM_THREADS")) != 1 or hardware.usable_cpus() == 1
+
+
 def test_unsupported_combinations_say_why(tiny):
     with pytest.raises(Unsupported, match="no int8 path"):
         RUNTIMES["eager"].open(tiny, "int8", "nchw", Target("cpu"), batch=1)
