@@ -295,7 +295,8 @@ def test_the_governor_gives_up_a_thread_while_another_process_keeps_a_cpu_busy()
                     hardware.CpuSample(60, 40, 30)])  # others gone: back to 2
     set_to: list[int] = []
     lines: list[str] = []
-    governor = hardware.ThreadGovernor(2, sample=lambda: next(samples), set_threads=set_to.append, say=lines.append)
+    governor = hardware.ThreadGovernor(2, sample=lambda: next(samples), set_threads=set_to.append, say=lines.append,
+                                       min_interval_s=0)
     assert [governor.update(), governor.update(), governor.update()] == [1, 1, 2]
     assert set_to == [2, 1, 2] and len(lines) == 2 and "other processes used 1.0 of 2 CPUs" in lines[0]
 

@@ -347,14 +347,19 @@ def test_load_missing_or_corrupt_file_is_a_user_error(tmp_path):
 # --- reading IMDB ------------------------------------------------------------------------------
 
 
-def test_written_reviews_load_by_label_and_the_aclimdb_folder_itself(subset_root, subset):
+def assert_reads_by_label(root: Path, splits: dict, per_label: int) -> None:
+    """Both splits hold `per_label` reviews of each label, sorted by path (neg/ before pos/), none
+    empty, and the aclImdb folder itself reads the same as its parent."""
     for split in ("train", "test"):
-        texts, labels = subset[split]
-        assert len(texts) == 48
-        assert labels == [0] * 24 + [1] * 24  # sorted by path: neg/ before pos/
+        texts, labels = splits[split]
+        assert len(texts) == 2 * per_label
+        assert labels == [0] * per_label + [1] * per_label
         assert all(texts)
-    direct = load_imdb(subset_root / "aclImdb", "test")  # the aclImdb folder itself
-    assert direct == subset["test"]
+    assert load_imdb(root / "aclImdb", "test") == splits["test"]
+
+
+def test_written_reviews_load_by_label_and_the_aclimdb_folder_itself(subset_root, subset):
+    assert_reads_by_label(subset_root, subset, per_label=24)
 
 
 def test_written_archive_reads_like_its_folder(subset_root, subset, tmp_path):
@@ -363,13 +368,7 @@ def test_written_archive_reads_like_its_folder(subset_root, subset, tmp_path):
 
 
 def test_real_subset_counts_match_provenance(real_subset_root, real_subset):
-    for split in ("train", "test"):
-        texts, labels = real_subset[split]
-        assert len(texts) == 1_000
-        assert labels == [0] * 500 + [1] * 500  # sorted by path: neg/ before pos/
-        assert all(texts)
-    direct = load_imdb(real_subset_root / "aclImdb", "test")  # the aclImdb folder itself
-    assert direct == real_subset["test"]
+    assert_reads_by_label(real_subset_root, real_subset, per_label=500)
 
 
 def test_full_archive_has_25000_reviews_per_split(full_splits, real_subset, capsys):

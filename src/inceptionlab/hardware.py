@@ -769,10 +769,11 @@ class ThreadGovernor:
 
     def __init__(self, limit: int, *, sample: Callable[[], CpuSample | None] = cpu_sample,
                  set_threads: Callable[[int], None] | None = None, say: Callable[[str], None] | None = None,
-                 fixed: bool = False, min_interval_s: float = 2.0):
+                 fixed: bool = False, min_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
         import torch
 
-        self.limit, self.fixed, self.min_interval_s = max(1, limit), fixed, min_interval_s
+        self.limit, self.fixed, self.min_interval_s, self.clock = max(1, limit), fixed, min_interval_s, clock
+        self.sampled_at = clock()
         self.sample, self.say = sample, say
         self.set_threads = set_threads or torch.set_num_threads
         self.threads = self.limit
@@ -797,8 +798,9 @@ class ThreadGovernor:
         """Re-size torch's pool for the load seen since the last call; returns the thread count."""
         if self.fixed:
             return self.threads
-        if self.last is not None and time.monotonic() - self.last.wall < self.min_interval_s:
+        if self.clock() - self.sampled_at < self.min_interval_s:
             return self.threads  # a window this short says little, and /proc reads cost time
+        self.sampled_at = self.clock()
         others = self.others()
         if others is None:
             return self.threads
