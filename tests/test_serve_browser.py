@@ -93,8 +93,10 @@ def test_the_page_shows_the_server_at_work_per_protocol(tmp_path_factory, browse
         before = wait.until(lambda b: (row := _live_row(b, "http")) and _live_row(b, "grpc") and row)
         assert before["requests"] == "0" and before["rate"] in ("0.0", "-") and before["p50"] == "-"
         classify_over_both(base, app.state.serve.grpc_port, image, http_calls=6, grpc_calls=3)
-        http = wait.until(lambda b: (row := _live_row(b, "http")) and row["requests"] == "6" and row)
-        grpc = wait.until(lambda b: (row := _live_row(b, "grpc")) and row["requests"] == "3" and row)
+        # Both rows once every request is counted: the queue is the model's (both protocols'), so a row
+        # read while the other protocol's requests were still running could show one of them queued.
+        http, grpc = wait.until(lambda b: (h := _live_row(b, "http")) and (g := _live_row(b, "grpc"))
+                                and h["requests"] == "6" and g["requests"] == "3" and (h, g))
         # The same redraw that counted them shows their rate and latency (each point covers the last 5 s).
         assert float(http["rate"]) > 0 and float(http["p50"]) > 0 and float(http["p99"]) >= float(http["p50"])
         assert float(grpc["rate"]) > 0 and http["rejected"] == grpc["rejected"] == "0"
