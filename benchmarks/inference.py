@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 from _results import render_file, write_result  # this folder's sibling module
+from inceptionlab.hardware import keep_freed_memory
 from inceptionlab.fileio import append_jsonl
 from inceptionlab.infer.bench import BenchSettings, Config, result_records, run_bench
 from inceptionlab.infer.runtimes import RUNTIMES, Target
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/exports"))
     parser.add_argument("--json", action="store_true", help="Also print every row as JSON.")
     args = parser.parse_args()
+    keep_freed_memory()  # the heap every `inceptionlab` command runs on
 
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     source = load_source(args.run, None if args.run else args.model, None if args.run else args.weights, args.out)

@@ -33,6 +33,7 @@ from _results import write_result  # this folder's sibling module
 from inceptionlab.models.spec import Normalize
 from inceptionlab.engine.loop import StepSettings, train_step
 from inceptionlab.engine.task import make_task
+from inceptionlab.hardware import keep_freed_memory
 from inceptionlab.models.registry import build_model
 
 CONFIGS = {
@@ -149,6 +150,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (a ROCm GPU is cuda too)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    keep_freed_memory()  # the heap every `inceptionlab` command runs on
     from inceptionlab.runtime import resolve_device
 
     device = resolve_device(args.device)

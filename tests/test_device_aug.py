@@ -20,7 +20,8 @@ from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.loading.resident import ResidentImageLoader
 from inceptionlab.data.loading.streamed import StreamImageLoader
 from inceptionlab.data.loading.workers import SkipTrackingLoader
-from inceptionlab.data.transforms.device import Boxes, DeviceAugment, pass_normalised, resample, sample_crop_params
+from inceptionlab.data.transforms.device import (Boxes, DeviceAugment, axis_weights, banded_matmul, pass_normalised, resample,
+                                                 row_taps, sample_crop_params)
 from inceptionlab.models.spec import Normalize
 
 DRAWS = 4000
@@ -316,3 +317,47 @@ def test_sparse_upscale_weights_equal_the_dense_ones_bit_for_bit(size):
         dense = _dense_weights(center, boxes.top, boxes.height, scale, size, antialias=True)
         assert torch.equal(sparse, dense)
         assert torch.allclose(dense.sum(dim=2), torch.ones(64, out_size))
+
+
+def banded_weights(n: int, out_size: int, src: int, seed: int, region: int | None = None) -> torch.Tensor:
+    """Interpolation weights of random crops from the top-left `region` px of `src` px sources."""
+    generator = torch.Generator().manual_seed(seed)
+    region = region or src
+    boxes = sample_crop_params(generator, torch.full((n,), region), torch.full((n,), region))
+    scale = boxes.height.double() / out_size
+    return axis_weights(boxes.top, boxes.height, scale, torch.zeros_like(boxes.top), out_size, src, antialias=True)
+
+
+@pytest.mark.parametrize("extra", [1, 3])
+def test_banded_product_equals_the_dense_one_and_reads_only_the_taps(extra):
+    """Upscaling weights (crops of a 32 px corner of 128 px sources -> 299 px) summed over each row's
+    taps: the dense product's values, and the rows below the corner are never read (inf there makes
+    the dense product NaN through 0 * inf)."""
+    weights = banded_weights(8, 299, 128, seed=1, region=32)
+    data = torch.randn(8, extra, 128, 50, generator=torch.Generator().manual_seed(2))
+    dense = torch.matmul(weights[:, None], data)
+    banded = banded_matmul(weights, data)
+    assert banded.shape == (8, extra, 299, 50) and banded.is_contiguous()
+    torch.testing.assert_close(banded, dense, rtol=1e-5, atol=1e-5)
+    data[:, :, 64:] = float("inf")
+    assert torch.isfinite(banded_matmul(weights, data)).all()
+    assert not torch.isfinite(torch.matmul(weights[:, None], data)).all()
+
+
+def test_every_rows_taps_lie_in_its_window():
+    weights = banded_weights(16, 299, 64, seed=4)  # tiny-imagenet's 64 px crops, upscaled
+    start, span = row_taps(weights)
+    assert start.shape == (16, 299) and span == 2  # bilinear upscaling: two taps per output row
+    column = torch.arange(64)
+    inside = (column >= start[:, :, None]) & (column < start[:, :, None] + span)
+    assert not ((weights != 0) & ~inside).any()
+    assert (start + span <= 64).all()
+
+
+def test_a_wide_span_keeps_the_dense_product():
+    """Shrinking whole 100 px images to 2 px: each row's taps span half the source or more."""
+    whole = torch.zeros(4, dtype=torch.long)
+    weights = axis_weights(whole, whole + 100, torch.full((4,), 50.0, dtype=torch.float64), whole, 2, 100, True)
+    assert row_taps(weights) is None
+    data = torch.randn(4, 2, 100, 7)
+    assert torch.equal(banded_matmul(weights, data), torch.matmul(weights[:, None], data))

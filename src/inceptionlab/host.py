@@ -71,8 +71,9 @@ def cpu_flags() -> frozenset[str]:
 
 # Variables that change what a figure means: an ISA cap makes a CPU with bf16 units measure as one
 # without (ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 stands in for an AVX2-only CPU), thread
-# counts and OpenMP's waiting change throughput under load.
-SPEED_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "INCEPTIONLAB_AUTO")
+# counts and OpenMP's waiting change throughput under load, and so does the allocator (the heap entry).
+SPEED_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "INCEPTIONLAB_AUTO",
+             "LD_PRELOAD", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def environment() -> dict[str, Any]:
@@ -84,11 +85,18 @@ def environment() -> dict[str, Any]:
         "cpu_flags": [flag for flag in SPEED_FLAGS if flag in flags],
         "cpu_count": os.cpu_count(),
         "speed_env": {name: os.environ[name] for name in SPEED_ENV if name in os.environ},
+        "heap": _heap_setting(),
         "host": platform.node(),
         "load_average": load_average(),
         "argv": list(sys.argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _heap_setting() -> str:
+    from inceptionlab.hardware import heap_setting  # hardware.py imports this module
+
+    return heap_setting()
 
 
 SHARED_MEMORY = "/dev/shm"

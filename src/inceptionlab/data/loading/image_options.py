@@ -38,7 +38,8 @@ class DeviceImageOptions:
     def from_recipe(cls, recipe: Any, device: torch.device | str = "cpu") -> "DeviceImageOptions":
         """The recipe's values; a training run has decided `auto` before (engine/speed.py), anything
         else that still says `auto` gets the probe's rule: bf16 only where the device has bf16 units
-        (emulated bf16 resampled 64 -> 299 px at 60 img/s on an AVX2-only AMD EPYC, fp32 at ~1,100)."""
+        (emulated bf16 resampled 64 -> 299 px at 60 img/s on an AVX2-only AMD EPYC, fp32 at ~1,100, both
+        with the dense products of the time)."""
         data, train = recipe.data, recipe.train
         precision = train.precision
         if precision == "auto":

@@ -1,9 +1,13 @@
 """Augmentation on the device, one batched call per step: RandomResizedCrop + flip, eval resize + crop.
 
-Why: the guide's path crops each image in a worker process with PIL (365-445 img/s on this 2-core
-AMD EPYC); here a whole uint8 batch is resampled with two batched matmuls whose per-sample
-interpolation matrices encode the crop box, the scale and the flip (995 img/s fp32, 1,740 bf16 for
-64 px -> 299 px, DESIGN.md point 11). `affine_grid` + `grid_sample` measured 510-595 img/s.
+Why: the guide's path crops each image in a worker process with PIL (365-445 img/s on a 2-core
+AMD EPYC); here a whole uint8 batch is resampled with per-sample interpolation matrices that encode
+the crop box, the scale and the flip: one batched matmul along the width, then, on a CPU, a weighted
+sum of each output row's two source rows (`banded_matmul`) along the height. `DeviceAugment` for
+64 px -> 299 px, batch 64, fp32, channels_last, on an AMD EPYC capped to AVX2 (2 cores, three runs
+in one process each): two dense matmuls 1,160-1,190 img/s; with the heap keeping freed blocks
+(hardware.keep_freed_memory) 2,750-2,770; with the banded second stage too, 4,670-4,790.
+`affine_grid` + `grid_sample` measured 510-595 img/s (DESIGN.md point 11).
 
 Semantics are torchvision's, and tests/test_device_aug.py checks them:
 - `sample_crop_params` draws boxes from `RandomResizedCrop.get_params`'s distribution (area scale
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 MAX_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -212,16 +217,59 @@ def resample(
     if flip is not None:
         cols = torch.where(flip[:, None, None], cols.flip(1), cols)
     channels = images.shape[1]
-    # Two batched matmuls, nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one,
+    # Two batched products, nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one,
     # whose result is permuted (3.7 M values for 64 x 64 px sources) so that the large one,
     # (N, out, H) @ (N, H, out*C), writes NHWC: channels_last without another copy of the output.
+    # Only the large one is banded: done so here, the small one's band saved less than the copy that
+    # its (N, out, C, H) result then needs (AVX2-only AMD EPYC, 2 cores: 14.9 against 15.8 ms per
+    # 64-image batch channels_last, 17.1 against 14.2 NCHW).
     x = images.to(dtype).reshape(n, channels * src_h, src_w)
     narrow = torch.bmm(x, cols.to(dtype).transpose(1, 2)).view(n, channels, src_h, out_size)
-    if not channels_last:  # (N, 1, out, H) @ (N, C, H, out): NCHW; the rows are repeated per channel (small)
-        return torch.matmul(rows.to(dtype)[:, None], narrow)
-    narrow = narrow.permute(0, 2, 3, 1).reshape(n, src_h, out_size * channels)
-    out = torch.bmm(rows.to(dtype), narrow).view(n, out_size, out_size, channels)
+    if not channels_last:  # (N, 1, out, H) @ (N, C, H, out): NCHW; the rows are shared by the channels
+        return banded_matmul(rows.to(dtype), narrow)
+    narrow = narrow.permute(0, 2, 3, 1).reshape(n, 1, src_h, out_size * channels)
+    out = banded_matmul(rows.to(dtype), narrow).view(n, out_size, out_size, channels)
     return out.permute(0, 3, 1, 2)  # (N, C, out, out) in channels_last memory order
+
+
+def banded_matmul(weights: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+    """weights (N, out, src) @ data (N, E, src, L) -> (N, E, out, L), the same weights for all E.
+
+    Interpolation weights are banded: upscaling gives each output row two adjacent non-zero taps,
+    so the dense product of a 64 px crop resized to 299 px multiplies zeros 62 times in 64 (2.2
+    GFLOP per 64-image batch). On a CPU each output row is instead a weighted sum of its few source
+    rows, one `embedding_bag` (a gather-and-sum kernel) over all rows: the skipped terms are exact
+    zeros. On an AVX2-only AMD EPYC (2 cores, fp32) this product of the resident loader's 64-image
+    batch took 17-23 ms dense, 7.9 ms as per-block matmuls over 7-row bands, and 4.7 ms as bags
+    (finding the taps included).
+    The dense product stays where a row's taps span more than half the source (strong downscaling)
+    and on GPUs, where it is cheap and reading the taps' span would stall the stream.
+    """
+    n, out, src = weights.shape
+    taps = row_taps(weights) if weights.device.type == "cpu" else None
+    if taps is None:
+        return torch.matmul(weights[:, None], data)
+    start, span = taps
+    extra, length = data.shape[1], data.shape[3]
+    index = start[:, :, None] + torch.arange(span, device=weights.device)  # (N, out, span)
+    bag_weights = weights.gather(2, index)
+    rows = index[:, None] + torch.arange(n * extra, device=data.device).view(n, extra, 1, 1) * src
+    summed = F.embedding_bag(rows.reshape(-1, span), data.reshape(n * extra * src, length), mode="sum",
+                             per_sample_weights=bag_weights[:, None].expand(n, extra, out, span).reshape(-1, span))
+    return summed.view(n, extra, out, length)
+
+
+def row_taps(weights: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """Per output row, the first of `span` consecutive source rows that hold all its non-zero
+    weights, (N, out), and that span; None where the span is more than half the source."""
+    n, out, src = weights.shape
+    used = (weights != 0).to(torch.int8)
+    first = used.argmax(dim=2)
+    last = src - 1 - used.flip(2).argmax(dim=2)
+    span = int((last - first + 1).max())
+    if 2 * span > src:
+        return None
+    return torch.clamp(first, max=src - span), span  # near the edge the window slides in, still covering the taps
 
 
 def _full_sizes(images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
