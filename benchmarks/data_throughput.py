@@ -17,7 +17,7 @@ the package's own `prepare_tiny_imagenet`, read by the `tiny_imagenet` reader):
 
 Each row: `--warmup` batches (worker start-up), then `--batches` timed batches, device synchronised.
 The guide's row runs on the C library's default heap, as its script would; the package's rows run with
-freed blocks kept for reuse, as every `inceptionlab` command does (`hardware.keep_freed_memory`).
+freed blocks kept for reuse, as every `inceptionlab` command does (`host.keep_freed_memory`).
 
     python benchmarks/data_throughput.py [--data /work/shared/data/tiny-imagenet-200] [--batch 64]
         [--batches 20] [--workers 2] [--json]
@@ -43,7 +43,7 @@ from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.readers import read_splits
-from inceptionlab.hardware import keep_freed_memory
+from inceptionlab.host import keep_freed_memory
 from inceptionlab.models.spec import Normalize
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -143,7 +143,7 @@ def main() -> None:
         rows["guide"] = timed(lambda: guide_batches(root / "train", args.batch, args.workers), args.warmup,
                               args.batches, lambda x: delivered(x.to(device)))
         # The guide's script runs on the C library's default heap; `inceptionlab` keeps freed blocks
-        # for reuse from its start (hardware.keep_freed_memory), so the package's rows run as it does.
+        # for reuse from its start (host.keep_freed_memory), so the package's rows run as it does.
         heap = keep_freed_memory()
         rows["workers"] = timed(lambda: package_loader(root, "workers", args.batch, args.workers, device),
                                 args.warmup, args.batches, normalised)

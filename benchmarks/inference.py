@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from _results import render_file, write_result  # this folder's sibling module
-from inceptionlab.hardware import keep_freed_memory
+from inceptionlab.host import keep_freed_memory
 from inceptionlab.fileio import append_jsonl
 from inceptionlab.infer.bench import BenchSettings, Config, result_records, run_bench
 from inceptionlab.infer.runtimes import RUNTIMES, Target

@@ -33,7 +33,7 @@ from _results import write_result  # this folder's sibling module
 from inceptionlab.models.spec import Normalize
 from inceptionlab.engine.loop import StepSettings, train_step
 from inceptionlab.engine.task import make_task
-from inceptionlab.hardware import keep_freed_memory
+from inceptionlab.host import keep_freed_memory
 from inceptionlab.models.registry import build_model
 
 CONFIGS = {

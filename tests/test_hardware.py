@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 import os
-import platform
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from inceptionlab import hardware, host
+from inceptionlab import hardware
 from inceptionlab.hardware import AUTO, Candidate, DeviceFacts, SpeedCache, Wanted
 
 ZEN3 = DeviceFacts("cpu", "AMD EPYC (Zen 3)", "AVX2", bf16=False, fp16=False)
@@ -471,58 +468,3 @@ def test_training_asks_the_governor_before_every_step():
     assert seen == [(0, 1), (1, 2), (2, 3), (3, 4)]  # each step runs after its own check
     assert list(_governed(iter("ab"), None)) == ["a", "b"]
 
-
-class FakeLibc:
-    def __init__(self, accepts: bool = True):
-        self.calls: list[tuple[int, int]] = []
-        self.accepts = accepts
-
-    def mallopt(self, option: int, value: int) -> int:
-        self.calls.append((option, value))
-        return int(self.accepts)
-
-
-@pytest.mark.parametrize("env,kept", [
-    ({}, True),
-    ({"MALLOC_MMAP_THRESHOLD_": "65536"}, False),
-    ({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}, False),
-    ({"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}, False),
-])
-def test_freed_blocks_are_kept_unless_the_user_chose_the_allocator(monkeypatch, env, kept):
-    monkeypatch.setattr(hardware, "_heap_setting", None)
-    libc = FakeLibc()
-    said = hardware.keep_freed_memory(env, libc)
-    assert (libc.calls == [(hardware.M_MMAP_THRESHOLD, 1 << 30), (hardware.M_TRIM_THRESHOLD, 1 << 30)]) == kept
-    assert libc.calls or "glibc malloc keeps" not in said
-    assert hardware.heap_setting() == said == host.environment()["heap"]  # recorded with every figure
-    assert hardware.keep_freed_memory({}, libc) == said and len(libc.calls) == (2 if kept else 0)  # once per process
-
-
-def test_a_refused_threshold_is_reported_not_claimed(monkeypatch, caplog):
-    monkeypatch.setattr(hardware, "_heap_setting", None)
-    assert hardware.keep_freed_memory({}, FakeLibc(accepts=False)) == "glibc malloc defaults (mallopt refused)"
-    assert "refused" in caplog.text
-
-
-@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc",
-                    reason="counts page faults of glibc's heap with Linux's getrusage")
-def test_a_large_tensor_allocated_again_is_not_faulted_in_again():
-    """The real C library: a 64 MiB tensor allocated 30 times in turn faults pages in every time by
-    default; with freed blocks kept the heap settles within a few rounds and then faults nothing.
-    Rounds that fault are counted, not pages, so huge pages (THP) change nothing."""
-    script = """
-import resource, sys, torch
-from inceptionlab import hardware
-if sys.argv[1] == "keep":
-    hardware.keep_freed_memory({})
-faulted = 0
-for round in range(30):
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    torch.empty(16 << 20).fill_(1)
-    faulted += round >= 20 and resource.getrusage(resource.RUSAGE_SELF).ru_minflt > before
-print(faulted)
-"""
-    faulted = {mode: int(subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True,
-                                        check=True).stdout) for mode in ("default", "keep")}
-    assert faulted["default"] >= 9  # of the last ten rounds
-    assert faulted["keep"] <= 1

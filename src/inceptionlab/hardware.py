@@ -901,54 +901,5 @@ def prepare_process_environment(env: dict[str, str] | None = None) -> dict[str, 
     return chosen
 
 
-# glibc gives every freed block larger than its mmap threshold (at most 32 MiB) back to the kernel,
-# and the next allocation of that size faults its pages in again, zero-filled. A 64-image 299 px
-# fp32 batch is 68 MB: allocating and filling one took 21.7 ms with the default heap and 2.5 ms with
-# freed blocks kept (AMD EPYC, 2 cores, AVX2 cap), which took the resident loader's resampling from
-# 1,350 to 4,700 img/s. PyTorch's CPU tuning guide gets the same by preloading jemalloc or tcmalloc;
-# glibc's own mallopt needs nothing installed. A user's allocator or glibc malloc settings win.
-HEAP_KEEP_BYTES = 1 << 30
-USER_HEAP_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-_heap_setting: str | None = None
-
-
-def keep_freed_memory(env: Mapping[str, str] | None = None, libc: Any = None) -> str:
-    """Let glibc keep freed blocks up to 1 GiB for reuse instead of unmapping them; says what it did.
-
-    Once per process. Leaves the heap alone where the user set glibc's malloc variables or tunables,
-    preloads another allocator, or the C library is not glibc.
-    """
-    global _heap_setting
-    if _heap_setting is not None:
-        return _heap_setting
-    env = os.environ if env is None else env
-    if any(name in env for name in USER_HEAP_SETTINGS) or "glibc.malloc" in env.get("GLIBC_TUNABLES", ""):
-        _heap_setting = "glibc malloc as the user set it"
-    elif any(name in env.get("LD_PRELOAD", "") for name in ("jemalloc", "tcmalloc", "mimalloc")):
-        _heap_setting = "the preloaded allocator"
-    elif platform.libc_ver()[0] != "glibc" and libc is None:
-        _heap_setting = "the default allocator (not glibc)"
-    else:
-        _heap_setting = _set_glibc_thresholds(libc)
-    return _heap_setting
-
-
-def _set_glibc_thresholds(libc: Any) -> str:
-    if libc is None:
-        import ctypes
-
-        libc = ctypes.CDLL(None)  # the C library this process already runs on
-    if libc.mallopt(M_MMAP_THRESHOLD, HEAP_KEEP_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, HEAP_KEEP_BYTES):
-        return f"glibc malloc keeps freed blocks up to {HEAP_KEEP_BYTES >> 20} MiB"
-    log.warning("glibc refused the malloc thresholds; large tensors are unmapped when freed (slower)")
-    return "glibc malloc defaults (mallopt refused)"
-
-
-def heap_setting() -> str:
-    """What `keep_freed_memory` did in this process, for env.json and result files."""
-    return _heap_setting or "the C library's malloc defaults"
-
-
 def replace_choice(decision: Decision, **changes: Any) -> Decision:
     return replace(decision, choice=replace(decision.choice, **changes))

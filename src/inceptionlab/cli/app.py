@@ -118,11 +118,12 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Before any command imports torch: MIOpen reads its cache locations once, at load (hardware.py).
-    from inceptionlab.hardware import keep_freed_memory, prepare_process_environment
+    # Before any command imports torch: MIOpen reads its cache locations once, at load (host.py).
+    from inceptionlab.hardware import prepare_process_environment
+    from inceptionlab.host import keep_freed_memory
 
     prepare_process_environment()
-    keep_freed_memory()  # large tensors reused instead of unmapped and faulted in again (hardware.py)
+    keep_freed_memory()  # large tensors reused instead of unmapped and faulted in again (host.py)
     _invocation.debug = _debug_from_env()
     try:
         app(args=argv, prog_name="inceptionlab", standalone_mode=True)

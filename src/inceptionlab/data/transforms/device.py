@@ -6,7 +6,7 @@ the crop box, the scale and the flip: one batched matmul along the width, then, 
 sum of each output row's two source rows (`banded_matmul`) along the height. `DeviceAugment` for
 64 px -> 299 px, batch 64, fp32, channels_last, on an AMD EPYC capped to AVX2 (2 cores, three runs
 in one process each): two dense matmuls 1,160-1,190 img/s; with the heap keeping freed blocks
-(hardware.keep_freed_memory) 2,750-2,770; with the banded second stage too, 4,670-4,790.
+(host.keep_freed_memory) 2,750-2,770; with the banded second stage too, 4,670-4,790.
 `affine_grid` + `grid_sample` measured 510-595 img/s (DESIGN.md point 11).
 
 Semantics are torchvision's, and tests/test_device_aug.py checks them:
