@@ -467,4 +467,3 @@ def test_training_asks_the_governor_before_every_step():
         seen.append((batch, governor.calls))
     assert seen == [(0, 1), (1, 2), (2, 3), (3, 4)]  # each step runs after its own check
     assert list(_governed(iter("ab"), None)) == ["a", "b"]
-

@@ -220,9 +220,10 @@ def resample(
     # Two batched products, nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one,
     # whose result is permuted (3.7 M values for 64 x 64 px sources) so that the large one,
     # (N, out, H) @ (N, H, out*C), writes NHWC: channels_last without another copy of the output.
-    # Only the large one is banded: done so here, the small one's band saved less than the copy that
-    # its (N, out, C, H) result then needs (AVX2-only AMD EPYC, 2 cores: 14.9 against 15.8 ms per
-    # 64-image batch channels_last, 17.1 against 14.2 NCHW).
+    # Only the large one skips its zeros: skipping the small one's too leaves its result as (N, out,
+    # C, H), and the copy into the large one's operand cost what the zeros had (both stages over
+    # per-block bands, AVX2-capped AMD EPYC, one run: 15.3-16.2 ms per 64-image batch against
+    # 14.2-15.2 channels_last, 16.3-16.9 against 15.6-15.9 NCHW).
     x = images.to(dtype).reshape(n, channels * src_h, src_w)
     narrow = torch.bmm(x, cols.to(dtype).transpose(1, 2)).view(n, channels, src_h, out_size)
     if not channels_last:  # (N, 1, out, H) @ (N, C, H, out): NCHW; the rows are shared by the channels
