@@ -39,6 +39,11 @@ HINTS = {
 }
 
 
+def _detail(exc: grpc.aio.AioRpcError) -> str:
+    """The server's error message on one line, cut to DETAIL_CHARS."""
+    return " ".join((exc.details() or "").split())[:DETAIL_CHARS]
+
+
 def grpc_address(target: str) -> str:
     """HOST:PORT (a leading grpc:// is allowed); an http:// URL is refused with the fix."""
     if target.startswith(("http://", "https://")):
@@ -69,9 +74,8 @@ class GrpcTransport:
             return await rpc(message(f"{method}Request")(**fields), timeout=CALL_TIMEOUT_S, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
-            details = " ".join((exc.details() or "").split())[:DETAIL_CHARS]
             hint = HINTS.get(code, "see the server's log")
-            raise UserError(f"{self.target}: {method} failed ({code.name}: {details}); {hint}") from None
+            raise UserError(f"{self.target}: {method} failed ({code.name}: {_detail(exc)}); {hint}") from None
 
     async def model_info(self, model: str | None) -> ModelInfo:
         if model is None:
@@ -102,8 +106,7 @@ class GrpcTransport:
             code = exc.code()
             outcome = "timeout" if code == grpc.StatusCode.DEADLINE_EXCEEDED else \
                 "rejected" if code in REJECTED else "error"
-            return Record(scheduled, sent, time.perf_counter(), outcome, code.name,
-                          " ".join((exc.details() or "").split())[:DETAIL_CHARS])
+            return Record(scheduled, sent, time.perf_counter(), outcome, code.name, _detail(exc))
         return Record(scheduled, sent, time.perf_counter(), "ok", "OK")
 
     async def counters(self, model: str) -> dict[str, float] | None:

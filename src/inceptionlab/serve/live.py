@@ -23,14 +23,14 @@ import time
 from collections import deque
 from typing import Any, Sequence
 
-from inceptionlab.serve.metrics import ModelSnapshot, ServeMetrics
+from inceptionlab.serve.metrics import OUTCOMES, ModelSnapshot, ServeMetrics
 
 log = logging.getLogger(__name__)
 
 PERIOD_S = 1.0
 SPAN_S = 5.0  # each point covers the last 5 s: at 20 requests/s a p99 of ~100 requests, not ~20
 HISTORY_S = 300.0  # the chart's last 5 minutes (~300 samples per model: a few kB of JSON)
-FAILURES = ("bad_request", "timeout", "cancelled", "error")  # metrics.OUTCOMES but success and rejected
+FAILURES = tuple(o for o in OUTCOMES if o not in ("success", "rejected"))  # the page's "errors"
 
 
 def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
