@@ -2,6 +2,11 @@
 
 A crash, a full disk or Ctrl-C at any moment leaves either the old file or the new one, never half
 of one: every artifact of a run (checkpoints, spec.json, exports, caches) is written through here.
+
+Files get the mode a plain `open(path, "w")` would give them: 0666 less the user's umask (0644 under
+the usual 0022), or the mode of the file they replace. A temporary file is created 0600, and renamed
+as it was, exports were unreadable to a Triton or KServe process running as another user, and a
+decoded-image cache beside a shared dataset to every other user of it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,35 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where /proc says it (os.umask can only be read by
+    setting it, which races with threads creating files meanwhile)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def plain_mode(directory: bool = False) -> int:
+    """What open() or mkdir() would give a new file (0666) or folder (0777): less the umask. For what
+    tempfile makes (0600 files, 0700 folders) before it is renamed into place."""
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
+def default_mode(path: Path) -> int:
+    """The mode of the file `path` replaces, else a new file's (`plain_mode`)."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return plain_mode()
+
+
 def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     """Call `write(handle)` on a temp file beside `path`, then rename it over `path`."""
     path = Path(path)
@@ -23,6 +57,7 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
+            os.fchmod(handle.fileno(), default_mode(path))
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
