@@ -264,7 +264,13 @@ def test_text_file_named_jpg(tmp_path):
 def test_empty_file(tmp_path):
     path = tmp_path / "empty.png"
     path.write_bytes(b"")
-    expect_read_error(path, "not an image")
+    expect_read_error(path, "empty file (0 bytes)")  # not "not an image": the download or copy failed
+
+
+def test_broken_link(tmp_path):
+    path = tmp_path / "gone.jpg"
+    path.symlink_to(tmp_path / "moved-away.jpg")
+    expect_read_error(path, f"broken link to {tmp_path / 'moved-away.jpg'}")
 
 
 def test_missing_file(tmp_path):

@@ -73,7 +73,8 @@ def test_decode_to_fit_shrinks_a_large_jpeg_keeping_its_aspect(folder):
     assert tuple(small.shape) == (3, 13, 30)  # fits already: decoded exactly
     broken = folder / "bee" / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    assert decode_to_fit(str(broken), CACHE) is None
+    unreadable = decode_to_fit(str(broken), CACHE)
+    assert unreadable == str(broken) and unreadable.problem.startswith("image data is truncated or corrupt")
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train_hflip", "eval"])

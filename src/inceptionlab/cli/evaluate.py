@@ -24,7 +24,8 @@ def evaluate(
     batch_size: int = options.batch_size_option(64),
     num_workers: Optional[int] = options.num_workers_option(),
     device: str = options.device_option(),
-    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples"),
+    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples, "
+                                        "skipped (unreadable files and why)"),
 ) -> None:
     """Score a model on a labelled image split.
 
@@ -56,15 +57,23 @@ def evaluate(
         print(json.dumps({**report, "files": {k: str(v) for k, v in paths.items()}}))
         return
     _print_table(report)
+    if report["skipped"]:
+        from inceptionlab.data.io.decode import UnreadableFile
+        from inceptionlab.engine.report import skipped_files_note
+
+        skipped = [UnreadableFile(s["file"], s["problem"]) for s in report["skipped"]]
+        print(f"{skipped_files_note(skipped)} (not in the {report['samples']} samples)")
     print(f"wrote {paths['json']}, {paths['confusion_csv']}, {paths['confusion_png']}")
 
 
 def _print_table(report: dict) -> None:
+    from inceptionlab.cli.text import display_width, pad
+
     per_class, counts = report["per_class"], report["per_class_samples"]
-    width = max([len(k) for k in per_class] + [5])
-    print(f"{'class':<{width}}  {'n':>5}  accuracy")
+    width = max([display_width(k) for k in per_class] + [5])
+    print(f"{pad('class', width)}  {'n':>5}  accuracy")
     for label, acc in sorted(per_class.items(), key=lambda kv: (kv[1] is None, kv[1])):
-        print(f"{label:<{width}}  {counts[label]:>5}  {'-' if acc is None else f'{acc:.3f}'}")
+        print(f"{pad(label, width)}  {counts[label]:>5}  {'-' if acc is None else f'{acc:.3f}'}")
     top5 = f"  top-5 {report['top5']:.4f}" if "top5" in report else ""
     print(f"\n{report['samples']} samples  loss {report['loss']:.4f}  top-1 {report['top1']:.4f}{top5}")
 

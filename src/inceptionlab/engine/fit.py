@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from inceptionlab import hardware
-from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training, rng_state
+from inceptionlab.checkpoint import ResumePoint, RunDir, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
 from inceptionlab.engine.distributed import any_rank, gather_from_all
@@ -61,7 +61,7 @@ def ctrl_c_requests_stop(stop: StopSignal, say: Callable[[str], None]) -> Iterat
 @dataclass
 class Outcome:
     run_dir: Path
-    status: str  # completed | early_stopped | interrupted
+    status: str  # completed | early_stopped | interrupted (summary.json also knows diverged)
     summary: dict[str, Any]
 
 
@@ -118,16 +118,33 @@ class _Run:
 def fit(recipe: Recipe, out: Path = Path("runs"), resume: Path | None = None, *, progress: bool | None = None,
         stop: StopSignal | None = None, on_log: Callable[[int, float], None] | None = None) -> Outcome:
     """Train `recipe`; returns where the run is and how it ended. Raises UserError on bad input."""
-    s = build_training_session(recipe)
+    if resume is not None:
+        _check_resumable(RunDir.open(resume))  # before minutes of data reading
+    try:
+        s = build_training_session(recipe)
+    except KeyboardInterrupt:
+        raise UserError("interrupted while reading the data and building the model, before the run directory "
+                        "was made: nothing was written", exit_code=130) from None
     with hardware.gpu_settings(hardware.device_facts(s.device), s.recipe.train.precision, recipe.train.deterministic):
         return _fit(s, recipe, out, resume, progress, stop, on_log)
+
+
+def _check_resumable(run: RunDir) -> None:
+    if not run.last.is_file():
+        raise UserError(f"{run.path}: no checkpoint to resume (the run stopped before its first checkpoint was "
+                        f"saved); start it again: inceptionlab train {run.path / 'recipe.resolved.yaml'}")
 
 
 def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, progress: bool | None,
          stop: StopSignal | None, on_log: Callable[[int, float], None] | None) -> Outcome:
     r = _Run(s, open_artifacts(s, out, resume), Reporter(s.dist.is_main, progress),
              BestTracker(recipe.train.best_metric, min_delta=recipe.train.early_stop_min_delta), stop or StopSignal(), on_log)
-    start = _start(r, resume)
+    try:
+        start = _start(r, resume)
+    except KeyboardInterrupt:
+        # The first batch is drawn here (plots/samples.png): with workers or a big folder this is where
+        # the data is decoded, before Ctrl-C requests a clean stop (the handler below is not set yet).
+        raise _interrupted_early(r, "while preparing the data") from None
     wall_start = time.perf_counter()
     with ctrl_c_requests_stop(r.stop, r.report.say):
         for epoch in range(start.epoch, recipe.train.epochs):
@@ -153,6 +170,7 @@ def _start(r: _Run, resume: Path | None) -> ResumePoint:
     r.artifacts.start(r.s, start if resume is not None else None)
     for note in r.s.notes:
         r.report.say(note)
+    r.report.say(f"weights: resumed from {r.artifacts.run.last}" if resume is not None else r.s.weights_note)
     if r.s.threads is not None:
         r.s.threads.say = r.report.say  # a change of thread count is said where progress is
     r.report.say(f"run directory: {r.artifacts.run.path}")
@@ -171,9 +189,13 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
         return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
                                on_log=log, should_stop=lambda: any_rank(r.stop.requested, s.dist, s.device)), steps_in_epoch
     except NonFiniteLoss as exc:
+        last = r.artifacts.run.last
+        kept = (f"kept the last good checkpoint, {last}" if last.is_file() else
+                "no checkpoint was saved (that happens at the end of each epoch)")
+        r.artifacts.record(_summary(r, "diverged", 0.0))
         raise UserError(
-            f"training diverged in epoch {epoch + 1}: {exc}; kept the last good checkpoint in "
-            f"{r.artifacts.run.checkpoints}; try a lower optim.lr, train.precision=fp32 or train.grad_clip_norm=1.0",
+            f"training diverged in epoch {epoch + 1}: {exc}; {kept}; "
+            "try a lower optim.lr, train.precision=fp32 or train.grad_clip_norm=1.0",
             exit_code=3,
         ) from None
     finally:
@@ -209,7 +231,7 @@ def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
     r.last = _eval_summary(epoch, s, val)
     improved = r.best.update(float(row[r.best.metric]), epoch, r.last)  # a valid key: engine/choices.py
     r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
-    r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped))
+    r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped + s.val_loader.skipped))
 
 
 def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:
@@ -236,8 +258,25 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
     if r.status != "interrupted" and s.test_loader is not None:
         test = _eval_summary(0, s, evaluate(s.runner, s.test_loader, s.task, s.settings))
         test.pop("epoch")
-    summary = {
-        "status": r.status,
+    summary = {**_summary(r, r.status, seconds), **({"test": test} if test else {})}
+    return r.artifacts.finish(s, summary)
+
+
+def _interrupted_early(r: _Run, when: str) -> UserError:
+    """Ctrl-C before fit's own handler could stop the run cleanly: say so, record it, say what to do."""
+    r.artifacts.record(_summary(r, "interrupted", 0.0))
+    run = r.artifacts.run
+    if run.last.is_file():
+        return UserError(f"interrupted {when}; resume with: inceptionlab train --resume {run.path}", exit_code=130)
+    return UserError(f"interrupted {when}, before the first checkpoint: {run.path} holds no checkpoint to resume; "
+                     f"start it again: inceptionlab train {run.path / 'recipe.resolved.yaml'}", exit_code=130)
+
+
+def _summary(r: _Run, status: str, seconds: float) -> dict[str, Any]:
+    """summary.json's fields (every run records its status, however it ended)."""
+    s = r.s
+    return {
+        "status": status,
         "recipe": s.recipe.name,
         "run_dir": str(r.artifacts.run.path),
         "best_metric": r.best.metric,
@@ -246,9 +285,8 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
         "epochs_done": r.last["epoch"] if r.last else None,
         "wall_seconds": seconds,
         "skipped_files": s.skipped_files,
-        **({"test": test} if test else {}),
+        "skipped_reasons": {str(path): getattr(path, "problem", "") for path in s.skipped_files},
     }
-    return r.artifacts.finish(s, summary)
 
 
 def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[str, Any], lr: float) -> dict[str, Any]:

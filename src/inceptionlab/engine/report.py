@@ -55,8 +55,25 @@ def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str]) -> str:
         f"{row['images_per_s']:.1f} img/s  {row['epoch_seconds']:.1f}s"
     )
     if skipped:
-        line += f"  (skipped {len(set(skipped))} unreadable image(s), e.g. {skipped[0]})"
+        line += f"  ({skipped_files_note(skipped)})"
     return line
+
+
+SKIPPED_SHOWN = 3  # files named in an epoch line; summary.json's skipped_reasons has all of them
+
+
+def skipped_files_note(skipped: list[str]) -> str:
+    """'skipped N unreadable image(s): PATH: REASON; ...' for the first few, each with its reason when known."""
+    unique = sorted(set(skipped))
+    by_path = {str(path): path for path in skipped}  # the UnreadableFile (with .problem) of each path
+    shown = "; ".join(_described(by_path[str(path)]) for path in unique[:SKIPPED_SHOWN])
+    more = f"; and {len(unique) - SKIPPED_SHOWN} more (summary.json)" if len(unique) > SKIPPED_SHOWN else ""
+    return f"skipped {len(unique)} unreadable image(s): {shown}{more}"
+
+
+def _described(path: str) -> str:
+    problem = getattr(path, "problem", "")
+    return f"{path}: {problem}" if problem else str(path)
 
 
 def chain(*callbacks: Callable[[int, float], None] | None) -> Callable[[int, float], None]:

@@ -55,6 +55,7 @@ class TrainingSession:
     test_loader: Loader | None = None
     speed: hardware.Decision | None = None  # what `auto` chose for precision, memory format and compile
     threads: hardware.ThreadGovernor | None = None
+    weights_note: str = ""  # where a new run's weights come from (a resumed run's come from its checkpoint)
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -62,7 +63,8 @@ class TrainingSession:
 
     @property
     def skipped_files(self) -> list[str]:
-        return sorted(set(self.train_loader.skipped + self.val_loader.skipped))
+        """Every file skipped so far, sorted, once each (UnreadableFile: the path, with its reason)."""
+        return list({str(path): path for path in sorted(self.train_loader.skipped + self.val_loader.skipped)}.values())
 
 
 def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> TrainingSession:
@@ -92,10 +94,10 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
-    notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}",
-             speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
+    notes = [*splits.notes, speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
     return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
-                           train_loader, val_loader, settings, notes, splits, test_loader, speed, threads)
+                           train_loader, val_loader, settings, notes, splits, test_loader, speed, threads,
+                           f"weights: {built.pretrained or 'random init (training from scratch)'}")
 
 
 def start_threads(requested: int | None, dist: DistInfo, device: torch.device) -> hardware.ThreadGovernor:
@@ -176,6 +178,10 @@ def _read_data(recipe: Recipe) -> tuple[Any, Any, Any]:
     val_set = cap_samples(splits.val, cfg.max_val_samples, recipe.train.seed)
     if len(train_set) == 0 or len(val_set) == 0:
         raise UserError(f"{cfg.root}: the train or val split is empty")
+    if len(splits.class_names) < 2:
+        named = f" ({splits.class_names[0]})" if splits.class_names else ""
+        raise UserError(f"{cfg.root}: the data has one class{named}; a classifier needs two or more (with one, "
+                        "it answers that class for every picture): add a folder per class")
     return splits, train_set, val_set
 
 

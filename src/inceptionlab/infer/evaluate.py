@@ -82,6 +82,9 @@ class Evaluation:
             "samples": self.result["samples"],
             "per_class": {self.spec.labels[i]: per_class[i] for i in self.present},
             "per_class_samples": {self.spec.labels[i]: int(self.result["confusion"][i].sum()) for i in self.present},
+            # Files that could not be read are not in `samples`: named here with the reason.
+            "skipped": [{"file": str(path), "problem": getattr(path, "problem", "")}
+                        for path in sorted(set(self.result.get("skipped", [])))],
         }
 
 

@@ -1,9 +1,11 @@
 """ImageFolder reading that never stops a long run for one bad file.
 
-Decisions (also in the README):
-- a file with a non-image extension is ignored and counted (torchvision's rule), reported once;
-- an image that cannot be decoded (corrupt, truncated) is skipped and counted at load time, and
-  the trainer reports the skipped files at the end of each epoch: one bad JPEG in 100,000 should
+Decisions (docs/troubleshooting.md, "Bad input"):
+- what counts as an image and as a class is image_files.py's rule (dot-names count for nothing,
+  folder links are followed, class names are Unicode NFC); a file with a non-image extension is
+  ignored and counted, reported once; images directly in the split folder are noted;
+- an image that cannot be decoded (corrupt, truncated, empty, too large, a broken link) is skipped
+  at load time and named with its reason at the end of each epoch: one bad JPEG in 100,000 should
   not cost a 90-epoch run;
 - an empty class folder, no class folders at all, or train/val class sets that differ are errors:
   they change the meaning of the labels, so nothing sensible can be trained.
@@ -16,48 +18,36 @@ from typing import Any
 
 from torchvision.datasets import ImageFolder
 
-from inceptionlab.data.io.decode import ImageReadError, load_rgb
-from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS
+from inceptionlab.data.io.decode import ImageReadError, UnreadableFile, load_rgb
+from inceptionlab.data.io.image_files import ClassFolders, list_class_folders
 from inceptionlab.data.splits import SplitPair
 from inceptionlab.errors import UserError
 
 
 class RobustImageFolder(ImageFolder):
-    """ImageFolder whose items are `(image, target)` or `None` for an undecodable file."""
+    """ImageFolder whose items are `(image, target)`, or `(None, UnreadableFile)` for a file that cannot
+    be decoded. Classes and files are image_files.py's rule (`list_class_folders`), not torchvision's."""
 
     def __init__(self, root: Path, transform: Any = None):
-        self.ignored_files: list[str] = []
-        root = Path(root)
-        _check_class_folders(root)
-        super().__init__(str(root), transform=transform, loader=load_rgb, is_valid_file=self._is_image)
+        self.listing: ClassFolders = list_class_folders(Path(root))
+        self.ignored_files: list[str] = self.listing.ignored
+        super().__init__(str(root), transform=transform, loader=load_rgb)
 
-    def _is_image(self, path: str) -> bool:
-        if path.lower().endswith(IMAGE_EXTENSIONS):
-            return True
-        if not path.endswith(("_boxes.txt", ".DS_Store")):  # tiny-imagenet ships box lists beside images
-            self.ignored_files.append(path)
-        return False
+    def find_classes(self, directory: Any) -> tuple[list[str], dict[str, int]]:
+        return list(self.listing.classes), {name: i for i, name in enumerate(self.listing.classes)}
 
-    def __getitem__(self, index: int) -> tuple[Any, int] | tuple[None, str]:
+    def make_dataset(self, directory: Any, class_to_idx: dict[str, int], *args: Any, **kwargs: Any) -> list[tuple[str, int]]:
+        return list(self.listing.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int] | tuple[None, UnreadableFile]:
         path, target = self.samples[index]
         try:
             image = self.loader(path)
-        except ImageReadError:
-            return None, path
+        except ImageReadError as exc:
+            return None, UnreadableFile.from_error(exc, path)
         if self.transform is not None:
             image = self.transform(image)
         return image, target
-
-
-def _check_class_folders(root: Path) -> None:
-    if not root.is_dir():
-        raise UserError(f"{root}: dataset folder not found (pass --data DIR with train/ and val/ class folders)")
-    classes = [p for p in root.iterdir() if p.is_dir()]
-    if not classes:
-        raise UserError(f"{root}: no class folders; expected {root}/<class>/<image files>")
-    for folder in sorted(classes):
-        if not any(f.is_file() and f.name.lower().endswith(IMAGE_EXTENSIONS) for f in folder.rglob("*")):
-            raise UserError(f"{folder}: class folder has no images; add images or remove the folder")
 
 
 def check_same_classes(train_root: Path, train_classes: list[str], val_root: Path, val_classes: list[str]) -> None:
@@ -81,4 +71,9 @@ def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: 
     if ignored:
         example = (train.ignored_files + val.ignored_files)[0]
         notes.append(f"ignored {ignored} non-image file(s), e.g. {example}")
+    for split in (train, val):
+        loose = split.listing.loose
+        if loose:
+            notes.append(f"ignored {len(loose)} image(s) directly in {split.root}/, not in a class folder, "
+                         f"e.g. {Path(loose[0]).name}: move them into {split.root}/<class>/ to use them")
     return SplitPair(train, val, list(train.classes), None, notes)

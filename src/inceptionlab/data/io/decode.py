@@ -23,7 +23,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from inceptionlab.errors import UserError
 
-__all__ = ["ImageReadError", "decode_rgb", "load_rgb"]
+__all__ = ["ImageReadError", "UnreadableFile", "decode_rgb", "load_rgb"]
 
 # Transparent pixels are composited onto white: logos, icons and product shots with alpha are
 # drawn to be seen on a white page, and the RGB hidden under alpha=0 is often black or junk.
@@ -42,8 +42,38 @@ _ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
 class ImageReadError(UserError):
     """An image file that cannot be used; the one-line message names the file and the fix.
 
-    A `UserError`, so the CLI prints `error: <message>` instead of a traceback.
+    A `UserError`, so the CLI prints `error: <message>` instead of a traceback. `problem` is the
+    reason alone ("image too large: 15000 x 13000 pixels"), for lists of skipped files.
     """
+
+    def __init__(self, message: str, path: str = "", problem: str = ""):
+        super().__init__(message)
+        self.path, self.problem = path, problem or message
+
+
+class UnreadableFile(str):
+    """The path of a file that training or evaluation skipped, with `problem` saying why.
+
+    A `str` (it compares, hashes, sorts and prints as the path), so every list of skipped files keeps
+    working while the reason travels with it, through DataLoader workers too (pickled with it).
+    """
+
+    problem: str
+
+    def __new__(cls, path: str, problem: str = "") -> "UnreadableFile":
+        made = super().__new__(cls, path)
+        made.problem = problem
+        return made
+
+    def __getnewargs__(self) -> tuple[str, str]:  # type: ignore[override]
+        return str(self), self.problem
+
+    @classmethod
+    def from_error(cls, exc: ImageReadError, path: str | os.PathLike[str]) -> "UnreadableFile":
+        return cls(str(path), exc.problem)
+
+    def describe(self) -> str:
+        return f"{self}: {self.problem}" if self.problem else str(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,8 +113,10 @@ def _open_file(path: Path) -> BinaryIO:
     """Open the file ourselves, so OS errors get their own messages and the handle is closed
     even for multi-frame formats (GIF, TIFF) that PIL would otherwise keep open."""
     try:
-        return open(path, "rb")
+        handle = open(path, "rb")
     except FileNotFoundError:
+        if path.is_symlink():
+            raise _error(path, f"broken link to {os.readlink(path)}", "fix or remove the link") from None
         raise _error(path, "no such file", "check the path") from None
     except IsADirectoryError:
         raise _directory_error(path) from None
@@ -94,6 +126,10 @@ def _open_file(path: Path) -> BinaryIO:
         raise _error(path, "permission denied", "make the file readable") from None
     except OSError as exc:
         raise _error(path, f"cannot open file ({exc.strerror or exc})", "check the file") from exc
+    if os.fstat(handle.fileno()).st_size == 0:
+        handle.close()
+        raise _error(path, "empty file (0 bytes)", "re-download or re-export it")
+    return handle
 
 
 def _decode(fp: BinaryIO, path: Path, max_side: int | None) -> Image.Image:
@@ -224,7 +260,7 @@ def _header_size(fp: BinaryIO) -> tuple[int, int] | None:
 
 
 def _error(path: Path, problem: str, fix: str) -> ImageReadError:
-    return ImageReadError(f"cannot read image {path}: {problem}; {fix}")
+    return ImageReadError(f"cannot read image {path}: {problem}; {fix}", str(path), problem)
 
 
 def _directory_error(path: Path) -> ImageReadError:

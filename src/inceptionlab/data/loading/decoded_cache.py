@@ -12,7 +12,9 @@ decoded at a reduced scale first, PIL draft). The tensor is (N, 3, H_max, W_max)
 top-left and its true height/width beside it, so crops never see the padding. The default
 cache_size 342 is the guide's eval resize: evaluation never upsamples what it had.
 
-Unreadable files are counted and named (`unreadable`), as the worker path reports them.
+Unreadable files are counted and named with their reason (`unreadable`, UnreadableFile), as the worker
+path reports them; a file that cannot even be stat'ed (a link whose target is gone) is listed in the
+manifest without size and mtime, so the cache is rebuilt once it can.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.io.decode import ImageReadError, UnreadableFile, load_rgb
 from inceptionlab.data.loading.shared_memory import fit_workers
 from inceptionlab.fileio import atomic_torch_save, atomic_write_json
 from PIL import Image
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: unreadable files are stored with their reason
 CACHE_DIRNAME = ".inceptionlab-cache"
 HEADER_SAMPLE = 32  # image headers read to estimate a split's size before it is decoded
 DECODE_BATCH = 64  # files per worker task while decoding a split
@@ -44,7 +46,7 @@ class ImageCache:
     widths: torch.Tensor
     targets: torch.Tensor  # int64 (N,)
     paths: list[str]
-    unreadable: list[str]
+    unreadable: list[UnreadableFile]
 
     @property
     def readable(self) -> torch.Tensor:
@@ -55,8 +57,12 @@ def split_manifest(samples: list[tuple[str, int]], split_root: Path, cache_size:
     """What the cache was built from: any added, removed, resized or touched file changes it."""
     files = []
     for path, target in samples:
-        stat = os.stat(path)
-        files.append([os.path.relpath(path, split_root), target, stat.st_size, stat.st_mtime_ns])
+        try:
+            stat = os.stat(path)
+            size, mtime = stat.st_size, stat.st_mtime_ns
+        except OSError:  # a broken link, or a file gone since the listing: decoding names it
+            size = mtime = None
+        files.append([os.path.relpath(path, split_root), target, size, mtime])
     return {"version": CACHE_VERSION, "cache_size": cache_size, "files": files}
 
 
@@ -83,7 +89,8 @@ def load_or_build(samples: list[tuple[str, int]], split_root: Path, cache_size: 
         return cached
     cache = decode_split(samples, cache_size, num_workers)
     payload = {"manifest": manifest, "images": cache.images, "heights": cache.heights, "widths": cache.widths,
-               "targets": cache.targets, "paths": cache.paths, "unreadable": cache.unreadable}
+               "targets": cache.targets, "paths": cache.paths,
+               "unreadable": [[str(path), path.problem] for path in cache.unreadable]}  # plain data: weights_only loads
     atomic_torch_save(payload, tensor_path)
     atomic_write_json(manifest_path, manifest)
     return cache
@@ -99,11 +106,12 @@ def _load_if_current(tensor_path: Path, manifest: dict[str, Any]) -> ImageCache 
     if payload.get("manifest") != manifest:
         return None
     return ImageCache(payload["images"], payload["heights"], payload["widths"], payload["targets"],
-                      payload["paths"], payload["unreadable"])
+                      payload["paths"], [UnreadableFile(path, problem) for path, problem in payload["unreadable"]])
 
 
-def decode_to_fit(path: str, cache_size: int) -> torch.Tensor | None:
-    """One file as uint8 CHW fitting inside cache_size x cache_size; None if it cannot be decoded.
+def decode_to_fit(path: str, cache_size: int) -> torch.Tensor | UnreadableFile:
+    """One file as uint8 CHW fitting inside cache_size x cache_size; its UnreadableFile (the path with the
+    reason) if it cannot be decoded.
 
     The one decode for the resident cache and the streaming loader, so both see the same pixels.
     """
@@ -112,8 +120,8 @@ def decode_to_fit(path: str, cache_size: int) -> torch.Tensor | None:
 
     try:
         image = load_rgb(path, max_side=cache_size)  # JPEGs: PIL draft decodes at 1/2, 1/4 or 1/8 scale
-    except ImageReadError:
-        return None
+    except ImageReadError as exc:
+        return UnreadableFile.from_error(exc, path)
     if max(image.size) > cache_size:
         # PIL's bilinear resize is antialiased (a triangle filter as wide as the scale).
         factor = cache_size / max(image.size)
@@ -123,7 +131,7 @@ def decode_to_fit(path: str, cache_size: int) -> torch.Tensor | None:
 
 
 class _DecodeFiles(Dataset):
-    """Each file decoded to uint8 CHW fitting inside cache_size x cache_size, or None if unreadable."""
+    """Each file decoded to uint8 CHW fitting inside cache_size x cache_size, or its UnreadableFile."""
 
     def __init__(self, samples: list[tuple[str, int]], cache_size: int):
         self.samples, self.cache_size = samples, cache_size
@@ -131,7 +139,7 @@ class _DecodeFiles(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> torch.Tensor | None:
+    def __getitem__(self, index: int) -> torch.Tensor | UnreadableFile:
         return decode_to_fit(self.samples[index][0], self.cache_size)
 
 
@@ -147,16 +155,17 @@ def decode_split(samples: list[tuple[str, int]], cache_size: int, num_workers: i
     # builds the cache would then initialise its model differently from one that loads it.
     loader = DataLoader(_DecodeFiles(samples, cache_size), batch_size=DECODE_BATCH, num_workers=num_workers,
                         collate_fn=_keep_list, generator=torch.Generator())
-    decoded: list[torch.Tensor | None] = [image for batch in loader for image in batch]
-    heights = torch.tensor([0 if x is None else x.shape[1] for x in decoded], dtype=torch.long)
-    widths = torch.tensor([0 if x is None else x.shape[2] for x in decoded], dtype=torch.long)
+    decoded: list[torch.Tensor | UnreadableFile] = [image for batch in loader for image in batch]
+    pictures = [None if isinstance(x, UnreadableFile) else x for x in decoded]
+    heights = torch.tensor([0 if x is None else x.shape[1] for x in pictures], dtype=torch.long)
+    widths = torch.tensor([0 if x is None else x.shape[2] for x in pictures], dtype=torch.long)
     height, width = max([1, *heights.tolist()]), max([1, *widths.tolist()])
     images = torch.zeros(len(decoded), 3, height, width, dtype=torch.uint8)
-    for n, image in enumerate(decoded):
+    for n, image in enumerate(pictures):
         if image is not None:
             images[n, :, : image.shape[1], : image.shape[2]] = image
     paths = [path for path, _ in samples]
-    unreadable = [path for path, image in zip(paths, decoded) if image is None]
+    unreadable = [x for x in decoded if isinstance(x, UnreadableFile)]
     targets = torch.tensor([target for _, target in samples], dtype=torch.long)
     return ImageCache(images, heights, widths, targets, paths, unreadable)
 

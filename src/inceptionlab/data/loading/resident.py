@@ -167,7 +167,8 @@ def _loader_from_cache(cache: ImageCache, indices: list[int], options: DeviceIma
                        train: bool, seed: int, rank: int, world_size: int, device: torch.device) -> ResidentImageLoader:
     chosen = torch.tensor(indices, dtype=torch.long)
     readable = chosen[cache.readable[chosen]]
-    unreadable = [cache.paths[i] for i in chosen[~cache.readable[chosen]].tolist()]
+    reasons = {str(path): path for path in cache.unreadable}
+    unreadable = [reasons[cache.paths[i]] for i in chosen[~cache.readable[chosen]].tolist()]
     images = cache.images[readable]
     where = placement(images.numel(), device) or torch.device("cpu")
     images = images.to(where)

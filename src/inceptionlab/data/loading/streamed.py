@@ -35,7 +35,7 @@ PREFETCH = 2
 
 
 class _StreamFiles(Dataset):
-    """Position k of the split -> (uint8 CHW image inside cache_size, target), or (None, path) if unreadable."""
+    """Position k of the split -> (uint8 CHW image inside cache_size, target), or (None, UnreadableFile)."""
 
     def __init__(self, samples: list[tuple[str, int]], cache_size: int):
         self.samples, self.cache_size = samples, cache_size
@@ -48,7 +48,7 @@ class _StreamFiles(Dataset):
 
         path, target = self.samples[index]
         image = decode_to_fit(path, self.cache_size)
-        return (None, path) if image is None else (image, target)
+        return (None, image) if isinstance(image, str) else (image, target)  # a str: the UnreadableFile
 
 
 @dataclass(frozen=True)
