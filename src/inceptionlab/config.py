@@ -275,10 +275,18 @@ def load_recipe(name_or_path: str | Path, overrides: list[str] | tuple[str, ...]
         cfg = _merge(f"--set {item}", cfg, OmegaConf.from_dotlist([item]))
     try:
         return OmegaConf.to_object(cfg)
-    except ValueError as exc:
-        raise UserError(f"{path}: {exc}") from None
+    except ValueError as exc:  # the dataclasses' own checks: "<key>=<value> must be ..."
+        raise UserError(f"{blame(path, overrides, str(exc).split('=', 1)[0])}: {exc}") from None
     except OmegaConfBaseException as exc:
-        raise UserError(f"{path}: {_describe(exc)}") from None
+        raise UserError(f"{blame(path, overrides, getattr(exc, 'full_key', None) or '')}: {_describe(exc)}") from None
+
+
+def blame(path: Path | str, overrides: list[str] | tuple[str, ...], key: str) -> str:
+    """Where a bad value of `key` came from: the last `--set KEY=...` that set it, else the recipe file."""
+    for item in reversed(overrides):
+        if item.split("=", 1)[0].strip() == key:
+            return f"--set {item}"
+    return str(path)
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

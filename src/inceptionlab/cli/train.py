@@ -59,7 +59,10 @@ def train(
     elif outcome.summary:
         best = outcome.summary.get("best") or {}
         scores = "  ".join(f"{k} {best[k]:.4f}" for k in ("top1", "top5", "loss") if k in best)
-        print(f"{outcome.status}: best {outcome.summary['best_metric']} at epoch {best.get('epoch')}: {scores}")
+        if best:
+            print(f"{outcome.status}: best {outcome.summary['best_metric']} at epoch {best.get('epoch')}: {scores}")
+        else:
+            print(f"{outcome.status}: no epoch finished, so nothing was scored yet")
         if "test" in outcome.summary:
             test = outcome.summary["test"]
             print("test: " + "  ".join(f"{k} {test[k]:.4f}" for k in ("top1", "top5", "loss") if k in test))

@@ -82,6 +82,12 @@ class RunArtifacts:
         self.close()
         return summary
 
+    def record(self, summary: dict[str, Any]) -> None:
+        """summary.json alone, for a run that ends before `finish` can run (diverged, interrupted early):
+        every run directory records how it ended."""
+        atomic_write_json(self.run.summary_file, summary)
+        self.close()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
@@ -126,6 +132,9 @@ class NoArtifacts:
 
     def finish(self, s: TrainingSession, summary: dict[str, Any]) -> dict[str, Any]:
         return {}
+
+    def record(self, summary: dict[str, Any]) -> None:
+        pass
 
     def close(self) -> None:
         pass

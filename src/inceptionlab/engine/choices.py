@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from inceptionlab.config import Recipe, load_recipe
+from inceptionlab.config import Recipe, blame, load_recipe
 from inceptionlab.data.loading.loaders import LOADERS
 from inceptionlab.data.readers import ARRAY_READERS, READERS
 from inceptionlab.engine.fit import EPOCH_METRICS
@@ -34,16 +34,18 @@ def recipe_choices(recipe: Recipe) -> list[tuple[str, str, Iterable[str]]]:
     ]
 
 
-def check_choices(recipe: Recipe, where: str | Path) -> Recipe:
+def check_choices(recipe: Recipe, where: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Every table choice of `recipe`; a bad one is blamed on the --set that gave it, else on `where`."""
     for key, value, valid in recipe_choices(recipe):
         names = list(valid)
         if value not in names:
-            raise UserError(f"{where}: {key}={value!r} is not one of {', '.join(names)}")
+            raise UserError(f"{blame(where, overrides, key)}: {key}={value!r} is not one of {', '.join(names)}")
     if recipe.task == "binary" and recipe.train.best_metric == "val_top5":
-        raise UserError(f"{where}: train.best_metric=val_top5 means nothing for a binary task; use val_top1 or val_loss")
+        raise UserError(f"{blame(where, overrides, 'train.best_metric')}: train.best_metric=val_top5 means nothing "
+                        "for a binary task; use val_top1 or val_loss")
     return recipe
 
 
 def load_training_recipe(name_or_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """`config.load_recipe` plus the table checks: what `train`, `demo` and `recipes --show` load."""
-    return check_choices(load_recipe(name_or_path, overrides), name_or_path)
+    return check_choices(load_recipe(name_or_path, overrides), name_or_path, overrides)

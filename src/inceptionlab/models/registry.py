@@ -96,7 +96,8 @@ def _load_imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
         raise UserError(
             f"{name} ImageNet weights not found and not downloadable ({type(exc).__name__}): "
             f"put {target.name} (sha256 starts {_hash_prefix(weights.url)}) from {weights.url} "
-            f"into {target.parent}/ or pass a local file with --weights PATH (model.weights=PATH)"
+            f"into {target.parent}/, or use a local file: --weights PATH (predict, evaluate, export, bench, serve) "
+            "or --set model.weights=PATH (train)"
         ) from None
 
 

@@ -1,0 +1,120 @@
+"""What `train` says when things go other than planned: Ctrl-C early, a resume with nothing to resume,
+a bad --set, a run that diverges at once, missing pretrained weights. Each message names what
+happened and what to do; the guide's small CIFAR-10 CNN at 32 px keeps the runs short."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST
+
+from inceptionlab.engine import artifacts as engine_artifacts
+from inceptionlab.engine import session as engine_session
+
+RECIPE = "inception_v3/imagefolder"
+SMALL_CNN = ["model.name=cifar10_cnn", "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list:
+    sets = [x for item in [*FAST, *SMALL_CNN, "train.epochs=1", *extra] for x in ("--set", item)]
+    return ["train", RECIPE, "--data", data, "--out", out, "--no-progress", *sets]
+
+
+def test_ctrl_c_while_the_first_batch_is_prepared_says_what_to_do(image_folder, tmp_path, cli, monkeypatch):
+    def interrupted(self, s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_artifacts.RunArtifacts, "_plot_first_batch", interrupted)
+    result = cli(*train_args(image_folder, tmp_path / "runs"))
+    assert result.code == 130
+    run_dir = next((tmp_path / "runs").glob("*/*/*"))
+    assert "interrupted while preparing the data" in result.err and "no checkpoint" in result.err
+    assert f"inceptionlab train {run_dir / 'recipe.resolved.yaml'}" in result.err
+    monkeypatch.undo()
+    again = cli("train", "--resume", run_dir, "--no-progress")
+    assert again.code == 2
+    assert "no checkpoint to resume" in again.err and f"inceptionlab train {run_dir / 'recipe.resolved.yaml'}" in again.err
+    assert "checkpoint not found" not in again.err
+
+
+def test_ctrl_c_while_the_data_is_read_says_nothing_was_written(image_folder, tmp_path, cli, monkeypatch):
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_session, "read_splits", interrupted)
+    result = cli(*train_args(image_folder, tmp_path / "runs"))
+    assert result.code == 130
+    assert "interrupted while reading the data" in result.err and "nothing was written" in result.err
+    assert not list((tmp_path / "runs").glob("*/*/*"))
+
+
+def test_a_bad_set_value_is_blamed_on_the_set(image_folder, tmp_path, cli):
+    result = cli(*train_args(image_folder, tmp_path / "runs", "train.epochs=-1"))
+    assert result.code == 2
+    assert result.err.startswith("error: --set train.epochs=-1: ") and ".yaml" not in result.err
+    choice = cli(*train_args(image_folder, tmp_path / "runs", "optim.name=adamx"))
+    assert choice.err.startswith("error: --set optim.name=adamx: ") and "sgd" in choice.err
+
+
+def test_resume_does_not_say_random_init(image_folder, tmp_path, cli):
+    first = cli(*train_args(image_folder, tmp_path / "runs"), "--json")
+    assert first.code == 0, first.err
+    assert "weights: random init" in first.out
+    run_dir = json.loads(first.out.strip().splitlines()[-1])["run_dir"]
+    more = cli("train", "--resume", run_dir, "--set", "train.epochs=2", "--no-progress")
+    assert more.code == 0, more.err
+    assert "random init" not in more.out and "weights: resumed from" in more.out
+
+
+def test_ctrl_c_before_the_first_epoch_ends_does_not_print_epoch_none(image_folder, tmp_path, cli, monkeypatch):
+    from inceptionlab.engine import fit as engine_fit
+
+    real = engine_fit.train_one_epoch
+
+    def stop_at_once(*args, should_stop, **kwargs):
+        return real(*args, should_stop=lambda: True, **kwargs)
+
+    monkeypatch.setattr(engine_fit, "train_one_epoch", stop_at_once)
+    result = cli(*train_args(image_folder, tmp_path / "runs"))
+    assert result.code == 130
+    assert "epoch None" not in result.out and "no epoch finished" in result.out
+
+
+def test_a_run_that_diverges_in_epoch_one_says_no_checkpoint_and_records_its_status(image_folder, tmp_path, monkeypatch):
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.fit import fit
+    from inceptionlab.errors import UserError
+
+    real_make_task = engine_session.make_task
+
+    def poisoned(*args, **kwargs):
+        task = real_make_task(*args, **kwargs)
+        real_loss = task.loss
+        task.loss = lambda output, targets: real_loss(output, targets) * float("nan")
+        return task
+
+    monkeypatch.setattr(engine_session, "make_task", poisoned)
+    recipe = load_recipe(RECIPE, [*FAST, *SMALL_CNN, f"data.root={image_folder}"])
+    with pytest.raises(UserError) as err:
+        fit(recipe, tmp_path / "runs", progress=False)
+    run = next((tmp_path / "runs").glob("*/*/*"))
+    assert "diverged in epoch 1" in str(err.value) and "kept the last good checkpoint" not in str(err.value)
+    assert "no checkpoint was saved" in str(err.value)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["epochs_done"] is None
+    assert not (run / "model.pt").exists()
+
+
+def test_missing_pretrained_weights_tell_train_users_the_recipe_key(image_folder, tmp_path, cli, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    result = cli(*train_args(image_folder, tmp_path / "runs", "model.name=resnet18", "model.weights=imagenet"))
+    assert result.code == 2
+    assert "--set model.weights=PATH" in result.err
