@@ -379,7 +379,7 @@ def test_health_service_answers_readiness_per_server_model_and_liveness(server):
 
 def test_unimplemented_rpcs_say_so(stub):
     with pytest.raises(grpc.RpcError) as missing:
-        stub.RepositoryModelLoad(service_pb2.RepositoryModelLoadRequest(model_name="tiny"))
+        stub.SystemSharedMemoryStatus(service_pb2.SystemSharedMemoryStatusRequest())
     assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 

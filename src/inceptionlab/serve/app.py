@@ -32,6 +32,7 @@ from inceptionlab.serve.models import ServedModel
 from inceptionlab.serve.protocol import HEADER_LENGTH, ProtocolError, encode_infer_response, parse_infer_request
 from inceptionlab.serve.service import (
     API_KEY_HELP,
+    MODEL_VERSION,
     REQUEST_ID_HEADER,
     RequestSettings,
     ServeError,
@@ -234,41 +235,65 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
 
     @app.get("/v2/models/{name}/stats")
     @app.get("/v2/models/{name}/versions/{version}/stats")
-    async def model_stats(name: str, version: str = "1") -> dict:
-        return {"model_stats": state.model_stats(name)}
+    async def model_stats(name: str, version: str = "") -> dict:
+        return {"model_stats": state.model_stats(name, version)}
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> list:
         return state.repository_index(_ready_only(await request.body()))
 
+    @app.post("/v2/repository/models/{name}/load")
+    async def repository_load(name: str, request: Request) -> dict:
+        _no_load_parameters(await request.body())
+        state.load_model(name)
+        return {}
+
+    @app.post("/v2/repository/models/{name}/unload")
+    async def repository_unload(name: str) -> dict:
+        state.unload_model(name)
+        return {}
+
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(name: str, version: str = "1") -> dict:
-        return state.model(name).metadata()
+    async def model_metadata(name: str, version: str = "") -> dict:
+        return state.model(name, version).metadata()
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str, version: str = "1") -> JSONResponse:
-        state.model(name)
-        return JSONResponse({"name": name, "ready": state.accepting}, status_code=200 if state.accepting else 503)
+    async def model_ready(name: str, version: str = "") -> JSONResponse:
+        ready = state.model_ready(name, version)
+        return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
     @app.get("/v2/models/{name}/config")
     @app.get("/v2/models/{name}/versions/{version}/config")
-    async def model_config(name: str, version: str = "1") -> dict:
-        return state.model_config(name)
+    async def model_config(name: str, version: str = "") -> dict:
+        return state.model_config(name, version)
 
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(name: str, request: Request, version: str = "1") -> Response:
-        model = state.model(name)
+    async def infer(name: str, request: Request, version: str = "") -> Response:
+        model = state.model(name, version)
         body = await request.body()
         async with state.counted(name, "http", request.state.request_id) as counted:
             state.refuse_early(name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
             parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
             outputs = await state.infer(model, parsed, counted)
-            payload, headers = encode_infer_response(name, "1", parsed, outputs)
+            payload, headers = encode_infer_response(name, MODEL_VERSION, parsed, outputs)
             return Response(payload, headers=headers)
+
+
+def _no_load_parameters(body: bytes) -> None:
+    """The repository's load takes no config override or files here: its models are the ones given at start-up."""
+    if not body.strip():
+        return
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ServeError("invalid", f"invalid JSON in the load request ({exc}); send nothing or {{}}") from None
+    if data not in ({}, {"parameters": {}}):
+        raise ServeError("invalid", "load takes no parameters here (no config override or model files): it serves "
+                         "again a model given at start-up and unloaded since")
 
 
 def _ready_only(body: bytes) -> bool:

@@ -35,11 +35,12 @@ from inceptionlab.errors import UserError
 from inceptionlab.serve.proto import message, pool
 from inceptionlab.serve.protocol import (
     CONTENTS_FIELDS,
-    NUMPY_TO_DTYPE,
     InferRequest,
     InputTensor,
     ProtocolError,
     check_header,
+    class_count,
+    datatype_of,
     raw_bytes,
     tensor_from_raw,
     tensor_from_values,
@@ -47,6 +48,7 @@ from inceptionlab.serve.protocol import (
 from inceptionlab.serve.service import (
     API_KEY_HELP,
     KINDS,
+    MODEL_VERSION,
     REQUEST_ID_HEADER,
     ServeError,
     ServeState,
@@ -76,7 +78,16 @@ def decode_request(request: Any) -> InferRequest:
         raise ProtocolError(f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs: give "
                             "one per input, in the inputs' order")
     inputs = [_input(i, tensor, raw[i] if raw else None) for i, tensor in enumerate(request.inputs)]
-    return InferRequest(inputs, request.id or None, [output.name for output in request.outputs])
+    classification = {output.name: class_count(output.name, _parameter(output.parameters["classification"]))
+                      for output in request.outputs if "classification" in output.parameters}
+    return InferRequest(inputs, request.id or None, [output.name for output in request.outputs],
+                        classification=classification)
+
+
+def _parameter(value: Any) -> Any:
+    """An InferParameter's value, whichever of its fields is set."""
+    which = value.WhichOneof("parameter_choice")
+    return getattr(value, which) if which else None
 
 
 def _input(index: int, tensor: Any, raw: bytes | None) -> InputTensor:
@@ -101,9 +112,9 @@ def _input(index: int, tensor: Any, raw: bytes | None) -> InputTensor:
 
 
 def encode_response(model: str, request_id: str, outputs: dict[str, np.ndarray], raw: bool) -> Any:
-    response = message("ModelInferResponse")(model_name=model, model_version="1", id=request_id)
+    response = message("ModelInferResponse")(model_name=model, model_version=MODEL_VERSION, id=request_id)
     for name, array in outputs.items():
-        datatype = NUMPY_TO_DTYPE[array.dtype]
+        datatype = datatype_of(array)
         tensor = response.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         if raw:
             response.raw_output_contents.append(raw_bytes(array))
@@ -128,27 +139,39 @@ class InferenceServicer:
         return message("ServerReadyResponse")(ready=self.state.accepting)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        self.state.model(request.name)
-        return message("ModelReadyResponse")(ready=self.state.accepting)
+        return message("ModelReadyResponse")(ready=self.state.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         return _from_dict("ServerMetadataResponse", self.state.server_metadata())
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        return _from_dict("ModelMetadataResponse", self.state.model(request.name).metadata())
+        return _from_dict("ModelMetadataResponse", self.state.model(request.name, request.version).metadata())
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
-        return message("ModelConfigResponse")(config=_from_dict("ModelConfig", self.state.model_config(request.name)))
+        config = self.state.model_config(request.name, request.version)
+        return message("ModelConfigResponse")(config=_from_dict("ModelConfig", config))
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        return _from_dict("ModelStatisticsResponse", {"model_stats": self.state.model_stats(request.name or None)})
+        stats = self.state.model_stats(request.name or None, request.version)
+        return _from_dict("ModelStatisticsResponse", {"model_stats": stats})
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         return _from_dict("RepositoryIndexResponse", {"models": self.state.repository_index(request.ready)})
 
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        if request.parameters:
+            raise ProtocolError("load takes no parameters here (no config override or model files): it serves "
+                                "again a model given at start-up and unloaded since")
+        self.state.load_model(request.model_name)
+        return message("RepositoryModelLoadResponse")()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        self.state.unload_model(request.model_name)
+        return message("RepositoryModelUnloadResponse")()
+
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         state = self.state
-        model = state.model(request.model_name)
+        model = state.model(request.model_name, request.model_version)
         request_id = request_id_from(dict(context.invocation_metadata() or ()))
         context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))  # also sent with an error status
         async with state.counted(model.name, "grpc", request_id) as counted:
@@ -180,7 +203,7 @@ def _inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     handlers = {}
     for method in service.methods:
         rpc = getattr(servicer, method.name, None)
-        if rpc is None:  # ModelStreamInfer, shared memory, repository load/unload, trace and log settings
+        if rpc is None:  # ModelStreamInfer, shared memory, trace and log settings
             continue
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _answering_errors(rpc),

@@ -14,6 +14,17 @@ checks as the HTTP form, so a tensor means the same whichever way it came.
 
 Every problem is a `ProtocolError` whose message becomes the one-line `{"error": "..."}` body (HTTP)
 or the INVALID_ARGUMENT status message (gRPC).
+
+A stale `Inference-Header-Content-Length`: tritonclient.http adds that header to the `headers` dict its
+caller passes (an API key, say) and never removes it, so a JSON request after a binary one on the same
+dict carries the binary request's header length, and the JSON was cut there ("invalid JSON ... line 1
+column 150", intermittent because it depends on the order of the caller's requests). When the cut
+part is not valid JSON but the whole body is, with no input declaring binary data, the body is
+unambiguous and is taken whole.
+
+The classification extension (Triton's): a requested output with `parameters.classification` N is
+answered as BYTES [batch, N], each element "score:index:label" for the N highest scores, highest first
+(`top_classes`), whichever front end asked.
 """
 
 from __future__ import annotations
@@ -71,17 +82,20 @@ class InferRequest:
     binary_outputs: set[str] = field(default_factory=set)
     binary_all: bool = False
     parameters: dict[str, Any] = field(default_factory=dict)
+    classification: dict[str, int] = field(default_factory=dict)  # output name -> class count
 
 
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """The request body (JSON, or JSON header + binary tensors) -> tensors as numpy arrays."""
     if not body:
         raise ProtocolError("empty request body: send an inference request JSON ({\"inputs\": [...]})")
-    json_part, binary = _split_body(body, header_length)
     try:
-        header = json.loads(json_part)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"invalid JSON in the inference request ({exc})") from None
+        json_part, binary = _split_body(body, header_length)
+        header = _json_header(json_part)
+    except ProtocolError:
+        header, binary = _whole_json_body(body), b""
+        if header is None:
+            raise
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list) or not header["inputs"]:
         raise ProtocolError('the inference request needs "inputs": a non-empty list of tensors')
     offset = 0
@@ -94,6 +108,27 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         raise ProtocolError(f"{len(binary) - offset} bytes of binary data follow the tensors they belong to: "
                             "check binary_data_size and Inference-Header-Content-Length")
     return _request(header, inputs)
+
+
+def _json_header(json_part: bytes) -> Any:
+    try:
+        return json.loads(json_part)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"invalid JSON in the inference request ({exc})") from None
+
+
+def _whole_json_body(body: bytes) -> dict[str, Any] | None:
+    """The body as one JSON request when its Inference-Header-Content-Length was stale (module doc):
+    valid JSON as a whole, no input with binary data. None otherwise (the header's error stands)."""
+    try:
+        header = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    inputs = header.get("inputs") if isinstance(header, dict) else None
+    if not isinstance(inputs, list) or any(
+            isinstance(raw, dict) and "binary_data_size" in (raw.get("parameters") or {}) for raw in inputs):
+        return None
+    return header
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -110,14 +145,26 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
 
 def _request(header: dict[str, Any], inputs: list[InputTensor]) -> InferRequest:
     params = header.get("parameters") or {}
-    outputs, binary = [], set()
+    outputs, binary, classification = [], set(), {}
     for out in header.get("outputs") or []:
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
             raise ProtocolError('each requested output needs a "name"')
         outputs.append(out["name"])
-        if (out.get("parameters") or {}).get("binary_data"):
+        out_params = out.get("parameters") or {}
+        if out_params.get("binary_data"):
             binary.add(out["name"])
-    return InferRequest(inputs, header.get("id"), outputs, binary, bool(params.get("binary_data_output")), params)
+        if "classification" in out_params:
+            classification[out["name"]] = class_count(out["name"], out_params["classification"])
+    return InferRequest(inputs, header.get("id"), outputs, binary, bool(params.get("binary_data_output")), params,
+                        classification)
+
+
+def class_count(output: str, value: Any) -> int:
+    """A requested output's `classification` parameter: a positive whole number of classes."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProtocolError(f"output {output!r}: parameters.classification {value!r} must be a positive number "
+                            "of classes (the classification extension answers the top N as BYTES)")
+    return value
 
 
 def _parse_input(raw: Any, binary: bytes, offset: int) -> tuple[InputTensor, int]:
@@ -234,8 +281,29 @@ def encode_bytes_elements(items: list[bytes]) -> bytes:
 
 
 def raw_bytes(array: np.ndarray) -> bytes:
-    """A numeric tensor as the protocol's raw form: row-major, little-endian."""
+    """A tensor as the protocol's raw form: row-major, little-endian; BYTES (an object array of bytes)
+    as length-prefixed elements."""
+    if array.dtype == object:
+        return encode_bytes_elements(list(array.reshape(-1)))
     return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """The OIP datatype of an output: an object array holds BYTES elements (`top_classes`)."""
+    return "BYTES" if array.dtype == object else NUMPY_TO_DTYPE[array.dtype]
+
+
+def top_classes(scores: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
+    """Triton's classification form of a [batch, classes] output: BYTES [batch, min(count, classes)],
+    each "score:index:label" ("%f" as Triton writes it), highest score first, ties by index."""
+    count = min(count, scores.shape[-1])
+    order = np.argsort(-scores, axis=-1, kind="stable")[:, :count]
+    top = np.empty(order.shape, dtype=object)
+    for row, indices in enumerate(order):
+        for column, index in enumerate(indices):
+            label = labels[index] if index < len(labels) else ""
+            top[row, column] = f"{scores[row, index]:f}:{index}:{label}".encode()
+    return top
 
 
 def config_data_type(datatype: str) -> str:
@@ -249,11 +317,13 @@ def encode_infer_response(model: str, version: str, request: InferRequest,
     entries, blobs = [], []
     for name, array in outputs.items():
         array = np.ascontiguousarray(array)
-        entry: dict[str, Any] = {"name": name, "datatype": NUMPY_TO_DTYPE[array.dtype], "shape": list(array.shape)}
+        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
         if request.binary_all or name in request.binary_outputs:
             blob = raw_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif array.dtype == object:
+            entry["data"] = [item.decode("utf-8", errors="replace") for item in array.reshape(-1)]
         else:
             entry["data"] = array.reshape(-1).tolist()
         entries.append(entry)

@@ -32,14 +32,16 @@ from inceptionlab.errors import UserError, summary_of
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
 from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, OUTPUTS, ServedModel
-from inceptionlab.serve.protocol import InferRequest, ProtocolError, config_data_type
+from inceptionlab.serve.protocol import InferRequest, ProtocolError, config_data_type, top_classes
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "inceptionlab"
-# Triton's extension names for what both front ends implement (the repository index alone is not
-# the model_repository extension, which also loads and unloads models).
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+# Triton's extension names for what both front ends implement. model_repository: the index, and load
+# and unload of the models given at start-up (unload stops serving one, load serves it again; there is
+# no repository folder to load others from). classification: `parameters.classification` on an output.
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository", "statistics"]
+MODEL_VERSION = "1"  # each model has one version; a request may name it, or leave it out
 
 
 @dataclass
@@ -129,6 +131,7 @@ class ServeState:
         self.draining = False
         self.on_drain: list[Callable[[], Awaitable[None]]] = []  # e.g. the gRPC health service
         self.grpc_port: int | None = None  # where the gRPC front end listens, when it runs
+        self.unloaded: set[str] = set()  # models taken out of service by the repository's unload
         self.preprocess = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
 
     @property
@@ -164,10 +167,32 @@ class ServeState:
         await asyncio.gather(*(b.stop() for b in self.batchers.values()))
         self.preprocess.shutdown(wait=False, cancel_futures=True)
 
-    def model(self, name: str) -> ServedModel:
+    def model(self, name: str, version: str = "", loaded: bool = True) -> ServedModel:
+        """The served model `name` at `version` ("" or "1"); with `loaded`, refused while unloaded."""
         if name not in self.models:
             raise ServeError("not_found", f"unknown model {name!r}; this server has {', '.join(self.models)}")
+        if version not in ("", MODEL_VERSION):  # Triton's words, so clients moving between the two read the same
+            raise ServeError("not_found", f"Request for unknown model: '{name}' version {version} is not found")
+        if loaded and name in self.unloaded:
+            raise ServeError("not_found", f"model {name!r} is unloaded; load it again: POST "
+                             f"/v2/repository/models/{name}/load (gRPC RepositoryModelLoad)")
         return self.models[name]
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        self.model(name, version, loaded=False)
+        return self.accepting and name not in self.unloaded
+
+    def load_model(self, name: str) -> None:
+        """The repository's load: a model given at start-up and unloaded since is served again."""
+        if name not in self.models:
+            raise ServeError("not_found", f"model {name!r} is not in this server's repository: it serves the models "
+                             f"given at start-up ({', '.join(self.models)}); start the server with it")
+        self.unloaded.discard(name)
+
+    def unload_model(self, name: str) -> None:
+        """The repository's unload: new requests for `name` are refused; queued ones are still answered."""
+        self.model(name, loaded=False)
+        self.unloaded.add(name)
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.preprocess, fn, *args)
@@ -228,7 +253,10 @@ class ServeState:
         item, count = await self.in_thread(model.prepare_tensor, request.inputs[0])
         result = await self.submit(model.name, item, count, counted.request_id, timeout_s)
         counted.outcome = "success"
-        return {name: result[name] for name in request.outputs or OUTPUTS}
+        outputs = {name: result[name] for name in request.outputs or OUTPUTS}
+        for name, count in request.classification.items():  # Triton's classification extension
+            outputs[name] = top_classes(outputs[name], count, model.spec.labels)
+        return outputs
 
     async def submit(self, name: str, item: Any, count: int, request_id: str, timeout_s: float | None = None) -> Any:
         """Queue one request's item on its model's batcher; refusals and failures become ServeErrors."""
@@ -254,11 +282,11 @@ class ServeState:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
 
-    def model_config(self, name: str) -> dict[str, Any]:
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         """The model's configuration in Triton's ModelConfig form (what clients read max_batch_size,
         inputs and batching from), with inceptionlab's own facts (precision, provider, the inputs it
         accepts, class labels) in `parameters`."""
-        model, settings = self.model(name), self.settings
+        model, settings = self.model(name, version), self.settings
         meta, delay_ms = model.metadata(), self.delay_ms(model)
         return {
             "name": model.name,
@@ -281,19 +309,19 @@ class ServeState:
                 ("labels", "\n".join(model.spec.labels)))},  # one per line in index order, as labels.txt
         }
 
-    def model_stats(self, name: str | None = None) -> list[dict[str, Any]]:
+    def model_stats(self, name: str | None = None, version: str = "") -> list[dict[str, Any]]:
         """Triton's statistics extension, per model (all models without a name), read from the same
         counters /metrics shows. Compute time covers a batch's input preparation, the model and its
         outputs, all reported as compute_infer (compute_input/output count alike, 0 ns): perf_analyzer
         requires the three counts to be equal."""
-        names = [self.model(name).name] if name else list(self.models)
+        names = [self.model(name, version, loaded=False).name] if name else list(self.models)
         return [self._stats_of(n) for n in names]
 
     def _stats_of(self, name: str) -> dict[str, Any]:
         f = self.metrics.figures(name)
         computed = {"count": f.executed_requests, "ns": _ns(f.compute_seconds)}
         return {
-            "name": name, "version": "1", "last_inference": int(f.last_inference_s * 1000),
+            "name": name, "version": MODEL_VERSION, "last_inference": int(f.last_inference_s * 1000),
             "inference_count": f.inferences, "execution_count": f.executions,
             "inference_stats": {
                 "success": {"count": f.successes, "ns": _ns(f.success_seconds)},
@@ -309,11 +337,15 @@ class ServeState:
         }
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        """Triton's repository index: every served model, READY until the drain begins."""
-        state, reason = ("READY", "") if self.accepting else ("UNAVAILABLE", "the server is shutting down")
-        if ready_only and state != "READY":
-            return []
-        return [{"name": name, "version": "1", "state": state, "reason": reason} for name in self.models]
+        """Triton's repository index: every served model, READY until the drain begins or it is unloaded."""
+        entries = []
+        for name in self.models:
+            state, reason = ("READY", "") if self.accepting else ("UNAVAILABLE", "the server is shutting down")
+            if name in self.unloaded:
+                state, reason = "UNAVAILABLE", "unloaded"
+            if not ready_only or state == "READY":
+                entries.append({"name": name, "version": MODEL_VERSION, "state": state, "reason": reason})
+        return entries
 
 
 def internal_error(exc: BaseException, request_id: str, what: str = "the server failed") -> ServeError:
