@@ -58,10 +58,20 @@ def _global_options(
                                f"raise with their full traceback instead of exiting {INTERNAL_ERROR_EXIT} "
                                f"(also {DEBUG_ENV}=1)."),
     verbose: bool = typer.Option(False, "--verbose", help="Log at INFO level (the default is WARNING)."),
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=lambda value: _print_version(value),
+                                 help="Print the program's version and exit."),
 ) -> None:
     _invocation.debug = _invocation.debug or debug
     configure_logging(logging.DEBUG if _invocation.debug else logging.INFO if verbose else logging.WARNING)
     quiet_image_warnings()
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from inceptionlab import __version__
+
+        typer.echo(f"inceptionlab {__version__}")
+        raise typer.Exit()
 
 
 def configure_logging(level: int) -> None:

@@ -52,6 +52,9 @@ def serve(
                                   "at 8001, Triton's gRPC port, where Triton's clients and perf_analyzer -i grpc "
                                   "look for it: gRPC carries tensors as raw bytes with no JSON to parse, and "
                                   "costs nothing until a client connects. off: HTTP only; 0: any free port."),
+    ports_file: Optional[Path] = typer.Option(None, "--ports-file", help="Once both front ends listen, write "
+                                              '{"host", "http", "grpc"} here (JSON, atomically): the ports a '
+                                              "script needs after --port 0 / --grpc-port 0."),
 ) -> None:
     """Serve models over HTTP and gRPC: KServe v2 /v2/models/NAME/infer (and gRPC ModelInfer on
     --grpc-port), POST /v1/classify, /metrics, a page at /.
@@ -65,6 +68,8 @@ def serve(
       curl -s --data-binary @dog.jpg 'http://127.0.0.1:8000/v1/classify?model=inception_v3'
 
       inceptionlab serve RUN_DIR --grpc-port off    # HTTP only
+
+      inceptionlab serve RUN_DIR --port 0 --grpc-port 0 --ports-file ports.json   # free ports, for scripts
     """
     from inceptionlab.runtime import resolve_device
     from inceptionlab.serve.app import API_KEY_ENV, create_app
@@ -80,6 +85,10 @@ def serve(
     grpc_number = _grpc_port(grpc_port)
     for option, number in (("--port", port), ("--grpc-port", grpc_number)):
         _check_free(host, number, option)  # before loading models, which can take minutes
+    key = api_key or os.environ.get(API_KEY_ENV) or None
+    if key is None and not _loopback(host):
+        typer.echo(f"warning: --host {host} accepts requests from the network and no API key is set: anyone who "
+                   f"can reach the port can use the models; set --api-key KEY (or {API_KEY_ENV})", err=True)
     settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
                                  _positive("--instances", instances), weights,
                                  log=lambda message: typer.echo(message, err=True),
@@ -95,14 +104,21 @@ def serve(
         raise UserError(f"two models are named {duplicates[0]!r}: name them, e.g. NAME=RUN_DIR")
     for m in served:
         typer.echo(f"serving {m.describe()}")
-    key = api_key or os.environ.get(API_KEY_ENV) or None
     grpc_address = None if grpc_number is None else f"{_bracketed(host)}:{grpc_number}"
     app = create_app(served, RequestSettings(settings.max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key),
                      grpc_address)
-    grpc_note = "" if grpc_number is None else f", gRPC at {_bracketed(host)}:{grpc_number or 'a free port'}"
-    typer.echo(f"ready: http://{_bracketed(host)}:{port}/ (KServe v2 at /v2, metrics at /metrics{grpc_note}"
-               f"{', API key required' if key else ''}); SIGTERM drains and exits", err=False)
-    serve_forever(app, host, port, drain_s)
+
+    def say_ready(http_port: int, bound_grpc: int | None) -> None:
+        """The ports really bound (--port 0 / --grpc-port 0 pick free ones), said and written for scripts."""
+        if ports_file is not None:
+            from inceptionlab.fileio import atomic_write_json
+
+            atomic_write_json(ports_file, {"host": host, "http": http_port, "grpc": bound_grpc})
+        grpc_note = "" if bound_grpc is None else f", gRPC at {_bracketed(host)}:{bound_grpc}"
+        typer.echo(f"ready: http://{_bracketed(host)}:{http_port}/ (KServe v2 at /v2, metrics at /metrics{grpc_note}"
+                   f"{', API key required' if key else ''}); SIGTERM drains and exits")
+
+    serve_forever(app, host, port, drain_s, on_ready=say_ready)
 
 
 def _named(arg: Path) -> tuple[Optional[str], Path]:
@@ -146,6 +162,18 @@ def _grpc_port(value: str) -> int | None:
     if not value.isdigit() or int(value) > 65535:
         raise UserError(f"--grpc-port {value!r}: give a port number (0-65535) or off")
     return int(value)
+
+
+def _loopback(host: str) -> bool:
+    """Only this machine can reach `host`: localhost or a loopback address (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 def _bracketed(host: str) -> str:

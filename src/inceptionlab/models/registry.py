@@ -283,6 +283,10 @@ def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
 
 def pretrained_spec(name: str) -> ModelSpec:
     """The spec of torchvision's default ImageNet weights, preprocessing from their own metadata."""
+    _check_known(name)  # else torchvision's own ValueError: an internal failure instead of a one-line error
+    if name in _OWN_MODELS:
+        raise UserError(f"--model {name}: has no pretrained weights to serve or run; train it first and give the "
+                        "run directory instead")
     weights = default_weights(name)
     preprocess = weights_preprocessing(name)
     categories = list(weights.meta["categories"])

@@ -19,21 +19,29 @@ from __future__ import annotations
 
 import asyncio
 from types import FrameType
+from typing import Callable
 
 import uvicorn
 from fastapi import FastAPI
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float,
+                 on_ready: Callable[[int, int | None], None] | None = None):
         super().__init__(config)
-        self.app, self.drain_s = app, drain_s
+        self.app, self.drain_s, self.on_ready = app, drain_s, on_ready
         self.loop: asyncio.AbstractEventLoop | None = None
         self.drain_task: asyncio.Task | None = None
 
     async def startup(self, sockets: list | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        if self.on_ready is not None and self.started:
+            # Both front ends listen now (the lifespan, which starts gRPC, ran first): their real ports.
+            self.on_ready(self.http_port(), self.app.state.serve.grpc_port)
+
+    def http_port(self) -> int:
+        return int(self.servers[0].sockets[0].getsockname()[1])
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_task is not None or self.loop is None:  # second signal, or not started: go now
@@ -53,10 +61,12 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve_forever(app: FastAPI, host: str, port: int, drain_s: float, log_level: str = "warning") -> None:
+def serve_forever(app: FastAPI, host: str, port: int, drain_s: float, log_level: str = "warning",
+                  on_ready: Callable[[int, int | None], None] | None = None) -> None:
+    """Serve until SIGTERM; `on_ready(http_port, grpc_port)` once both listen (port 0: the one bound)."""
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=max(1, int(drain_s)), lifespan="on")
-    server = DrainingServer(config, app, drain_s)
+    server = DrainingServer(config, app, drain_s, on_ready)
     server.run()
 
 
