@@ -54,8 +54,9 @@ def exported(small_run):
 def test_config_parses_with_tritons_schema_and_matches_the_graph(small_run, exported):
     triton = small_run / "exports" / "triton"
     assert exported["triton"]["root"] == str(triton)
-    config = parse_config(triton / "resnet18" / "config.pbtxt")
-    assert config.name == "resnet18" and config.backend == "onnxruntime" and config.max_batch_size == 8
+    name = exported["triton"]["name"]
+    config = parse_config(triton / name / "config.pbtxt")
+    assert config.name == name and config.backend == "onnxruntime" and config.max_batch_size == 8
     (image,) = config.input
     assert image.name == "images" and list(image.dims) == [3, 75, 75]
     assert image.data_type == model_config_pb2.TYPE_FP32 and image.format == model_config_pb2.ModelInput.FORMAT_NCHW
@@ -75,20 +76,21 @@ def test_config_parses_with_tritons_schema_and_matches_the_graph(small_run, expo
 
 
 def test_repository_layout_labels_and_the_model_runs_batched(small_run, exported):
-    model_dir = small_run / "exports" / "triton" / "resnet18"
+    model_dir = small_run / "exports" / "triton" / exported["triton"]["name"]
     assert (model_dir / "labels.txt").read_text().splitlines() == ["cat", "dog", "fox"]
     onnx_file = model_dir / "1" / "model.onnx"
     assert onnx_file.read_bytes() == (small_run / "exports" / "model.onnx").read_bytes()
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     logits = session.run(["logits"], {"images": np.zeros((5, 3, 75, 75), np.float32)})[0]
     assert logits.shape == (5, 3)  # the batch axis is dynamic, as dynamic batching needs
-    assert sorted(p.name for p in (small_run / "exports" / "triton").iterdir()) == ["resnet18"]  # no staging left
+    # no staging left
+    assert sorted(p.name for p in (small_run / "exports" / "triton").iterdir()) == [exported["triton"]["name"]]
 
 
 def test_kserve_manifest(small_run, exported):
     manifest = yaml.safe_load((small_run / "exports" / "kserve.yaml").read_text())
     assert manifest["apiVersion"] == "serving.kserve.io/v1beta1" and manifest["kind"] == "InferenceService"
-    assert manifest["metadata"]["name"] == "resnet18"
+    assert manifest["metadata"]["name"] == exported["triton"]["name"].replace("_", "-")  # resnet18-20261122-101500
     model = manifest["spec"]["predictor"]["model"]
     assert model["modelFormat"] == {"name": "triton"} and model["protocolVersion"] == "v2"
     assert model["storageUri"] == "s3://bucket/models" and model["runtime"] == "kserve-tritonserver"
@@ -155,7 +157,59 @@ def test_one_channel_fashion_mnist_run(fashion_root, tmp_path, cli):
     assert result.code == 0, result.err
     triton = json.loads(result.out)["triton"]
     config = parse_config(Path(triton["config"]))
-    assert config.name == "fashion_mlp" and config.max_batch_size == 64
+    assert config.name == f"fashion_mlp_{Path(run).name}" and config.max_batch_size == 64
     assert list(config.input[0].dims) == [1, 28, 28] and list(config.output[0].dims) == [10]
     labels = Path(triton["labels"]).read_text().splitlines()
     assert len(labels) == 10 and labels[9] == "Ankle boot"
+
+
+# --------------------------------------------------------------------------------------- names and modes
+
+
+DNS_1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def test_the_default_name_is_distinct_per_run_and_kserve_accepts_every_name(small_run, exported, tmp_path, cli):
+    import re
+
+    assert exported["triton"]["name"] == f"resnet18_{small_run.name}"  # two runs' exports can share a repository
+    for name in ("9digits", "Inception v3!", "a" * 80, "run_20261122-101500"):
+        result = cli("export", small_run, "--format", "triton", "--name", name, "--json")
+        assert result.code == 0, result.err
+        kserve = yaml.safe_load(Path(json.loads(result.out)["triton"]["kserve"]).read_text())["metadata"]["name"]
+        assert re.match(DNS_1035, kserve) and len(kserve) <= 63, kserve
+
+
+def test_a_new_name_takes_the_old_model_folder_out_of_the_repository(small_run, exported, cli):
+    triton = small_run / "exports" / "triton"
+    assert cli("export", small_run, "--format", "triton").code == 0
+    assert sorted(p.name for p in triton.iterdir()) == [exported["triton"]["name"]]
+    renamed = cli("export", small_run, "--format", "triton", "--name", "renamed")
+    assert renamed.code == 0, renamed.err
+    assert sorted(p.name for p in triton.iterdir()) == ["renamed"]  # Triton would have loaded both
+    assert f"removed the earlier export {exported['triton']['name']}" in renamed.out
+
+
+def test_exports_are_readable_by_other_users(small_run, tmp_path):
+    import os
+
+    from inceptionlab.infer.triton import TritonOptions, write_triton_repository
+    from inceptionlab.models.spec import ModelSpec
+
+    previous = os.umask(0o022)
+    try:
+        repo = write_triton_repository(small_run / "exports" / "model.onnx", ModelSpec.load(small_run / "spec.json"),
+                                       tmp_path / "exports" / "triton", TritonOptions(name="m"))
+    finally:
+        os.umask(previous)
+    assert repo.model_dir.stat().st_mode & 0o777 == 0o755 and (repo.model_dir / "1").stat().st_mode & 0o777 == 0o755
+    for path in (repo.config, repo.labels, repo.onnx, repo.kserve):
+        assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+def test_the_triton_release_the_opset_needs_is_said(small_run, cli):
+    result = cli("export", small_run, "--format", "triton")
+    assert result.code == 0, result.err
+    assert "opset 20 needs ONNX Runtime 1.17 or newer: Triton 24.04 or newer" in result.out
+    config = next((small_run / "exports" / "triton").glob("*/config.pbtxt")).read_text()
+    assert "Triton 24.04 or newer" in config

@@ -27,7 +27,9 @@ def export(
     as_json: bool = options.json_option("one object with path, sidecar, opset, parity"),
     format: str = typer.Option("onnx", "--format", help="onnx, or triton: also a Triton model repository "
                                                         "(exports/triton/) and a KServe manifest (exports/kserve.yaml)."),
-    name: Optional[str] = typer.Option(None, "--name", help="triton: model name (default: the architecture)."),
+    name: Optional[str] = typer.Option(None, "--name", help="triton: model name (default: ARCH_RUNFOLDER for a run, "
+                                                            "e.g. resnet18_20261122-101500, so runs never collide; "
+                                                            "the architecture for --model)."),
     max_batch: int = typer.Option(32, "--max-batch", help="triton: max_batch_size."),
     max_delay_ms: float = typer.Option(2.0, "--max-delay-ms", help="triton: longest wait for a batch to fill."),
     max_queue: int = typer.Option(256, "--max-queue", help="triton: queued requests beyond this are rejected."),
@@ -68,9 +70,10 @@ def export(
     result = export_onnx(source, opset=opset, dynamic_batch=dynamic_batch, images=list(images) or None)
     repository = None
     if triton is not None:
-        from inceptionlab.infer.triton import write_triton_repository
+        from inceptionlab.infer.triton import default_model_name, write_triton_repository
 
-        repository = write_triton_repository(result.path, source.spec, source.exports / "triton", triton)
+        triton.name = triton.name or default_model_name(source.spec.arch, source.run_dir)
+        repository = write_triton_repository(result.path, source.spec, source.exports / "triton", triton, opset)
     if as_json:
         print(json.dumps({**result.to_dict(), **({"triton": repository.to_dict()} if repository else {})}))
         return
@@ -83,6 +86,9 @@ def export(
     if repository is not None:
         print(f"triton model repository {repository.root} (model {repository.name}: {repository.config}); "
               f"KServe InferenceService {repository.kserve}")
+        print(repository.note)
+        for old in repository.removed:
+            print(f"removed the earlier export {old} from the repository (Triton would have loaded it too)")
 
 
 def _triton_options(format, name, max_batch, max_delay_ms, max_queue, instances, accelerator, storage_uri):

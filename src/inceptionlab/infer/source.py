@@ -18,10 +18,8 @@ from torch import nn
 
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.errors import UserError
-from inceptionlab.models.registry import build_model, drop_aux_heads, load_run_model, pretrained_spec
+from inceptionlab.models.registry import RANDOM_WEIGHTS, build_model, drop_aux_heads, load_run_model, pretrained_spec
 from inceptionlab.models.spec import ModelSpec
-
-RANDOM_WEIGHTS_SEED = 0  # weights="random": the same "random" model every time
 
 
 @dataclass
@@ -95,12 +93,8 @@ def _run_source(run_dir: Path, weights: Path | None) -> ModelSource:
 
 def _model_source(name: str, weights: str, out: Path) -> ModelSource:
     spec = pretrained_spec(name)
-    if weights == "random":
-        # Latency does not depend on the values; seed 0 makes the same "random" model every time.
-        torch.manual_seed(RANDOM_WEIGHTS_SEED)
-        built = build_model(name, spec.num_classes, None)
-        spec.arch_kwargs = dict(built.arch_kwargs)
-    else:
-        built = build_model(name, spec.num_classes, weights)
+    built = build_model(name, spec.num_classes, weights)
+    if weights == RANDOM_WEIGHTS:
+        spec.arch_kwargs = dict(built.arch_kwargs)  # as built: no pretrained-only arguments (transform_input)
     net = _drop_aux(built.model)
     return ModelSource(net, spec, name, weights, state_checksum(net), out / name)

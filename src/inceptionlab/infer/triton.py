@@ -22,15 +22,16 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from inceptionlab.errors import UserError
-from inceptionlab.fileio import atomic_write_text
+from inceptionlab.fileio import atomic_write_text, plain_mode
 from inceptionlab.infer.batching import batch_buckets
+from inceptionlab.infer.opsets import runtime_note
 from inceptionlab.models.spec import ModelSpec
 
 # The ONNX Runtime backend's accelerator names (its README; "migraphx" is what AMD's ROCm build
@@ -47,7 +48,7 @@ DEFAULT_STORAGE_URI = "pvc://inceptionlab-models/triton"  # a placeholder: where
 
 @dataclass
 class TritonOptions:
-    name: str | None = None  # model name in the repository and in URLs; default: the architecture
+    name: str | None = None  # model name in the repository and in URLs; default: default_model_name
     max_batch: int = 32
     max_delay_ms: float = 2.0  # longest a request waits for its batch to fill
     max_queue: int = 256  # queued requests beyond this are rejected
@@ -82,9 +83,11 @@ class TritonRepository:
     labels: Path
     kserve: Path
     name: str
+    removed: list[str] = field(default_factory=list)  # earlier exports of ours taken out of the repository
+    note: str = ""  # which ONNX Runtime and Triton the export's opset needs
 
     def to_dict(self) -> dict[str, Any]:
-        return {key: str(value) for key, value in self.__dict__.items()}
+        return {key: value if isinstance(value, list) else str(value) for key, value in self.__dict__.items()}
 
 
 def model_name(text: str) -> str:
@@ -93,6 +96,21 @@ def model_name(text: str) -> str:
     if not name:
         raise UserError(f"--name {text!r}: give a model name of letters, digits, '_' or '-'")
     return name
+
+
+def default_model_name(arch: str, run_dir: Path | None) -> str:
+    """A run's export is `<arch>_<run folder>` (resnet18_20261122-101500): two runs' models can share one
+    Triton repository. A pretrained model's is its architecture."""
+    return model_name(f"{arch}_{Path(run_dir).name}" if run_dir is not None else arch)
+
+
+def kserve_name(name: str) -> str:
+    """An InferenceService name Kubernetes accepts (DNS-1035: lower-case letters, digits and '-', a letter
+    first, a letter or digit last, at most 63 characters): '9digits' -> 'm-9digits'."""
+    text = re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]+", "-", name.lower())).strip("-")
+    if not text[:1].isalpha():
+        text = f"m-{text}"
+    return text[:63].rstrip("-")
 
 
 def graph_tensors(onnx_file: Path) -> tuple[list[Tensor], list[Tensor]]:
@@ -123,9 +141,10 @@ def _dims(dims: list[int]) -> str:
 
 
 def config_text(name: str, inputs: list[Tensor], outputs: list[Tensor], options: TritonOptions,
-                labels_file: str | None) -> str:
+                labels_file: str | None, note: str = "") -> str:
     """config.pbtxt (protobuf text format of Triton's ModelConfig)."""
-    lines = [MARKER, f'name: "{name}"', 'backend: "onnxruntime"', f"max_batch_size: {options.max_batch}", ""]
+    lines = [MARKER, *([f"# {note}"] if note else []), f'name: "{name}"', 'backend: "onnxruntime"',
+             f"max_batch_size: {options.max_batch}", ""]
     for spec in inputs:
         image = len(spec.dims) == 3
         lines += ["input [", "  {", f'    name: "{spec.name}"', f"    data_type: {spec.data_type}"]
@@ -179,7 +198,7 @@ def kserve_manifest(name: str, options: TritonOptions) -> str:
         if options.kind == "gpu":
             resources["limits"]["nvidia.com/gpu"] = "1"
     service = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",
-               "metadata": {"name": re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")},
+               "metadata": {"name": kserve_name(name)},
                "spec": {"predictor": {"model": model}}}
     header = (f"{MARKER}\n# Upload the model repository (exports/triton/) where the cluster can read it, set\n"
               "# storageUri to it, then `kubectl apply -f kserve.yaml`. Requests: POST\n"
@@ -188,12 +207,15 @@ def kserve_manifest(name: str, options: TritonOptions) -> str:
     return header + yaml.safe_dump(service, sort_keys=False)
 
 
-def write_triton_repository(onnx_file: Path, spec: ModelSpec, root: Path, options: TritonOptions) -> TritonRepository:
+def write_triton_repository(onnx_file: Path, spec: ModelSpec, root: Path, options: TritonOptions,
+                            opset: int | None = None) -> TritonRepository:
     """Write root/<name>/{config.pbtxt, labels.txt, 1/model.onnx} and root/../kserve.yaml. The model
     folder is built beside the target and renamed into place; a folder there that this command did not
-    write is never replaced."""
+    write is never replaced. Our earlier exports under other names are taken out of `root` (the
+    repository of one run or one --model, which Triton would load them from too)."""
     options.check()
     name = model_name(options.name or spec.arch)
+    note = runtime_note(opset) if opset is not None else ""
     inputs, outputs = graph_tensors(Path(onnx_file))
     if outputs and outputs[0].dims != [spec.num_classes]:
         raise UserError(f"{onnx_file}: output {outputs[0].name} has dims {outputs[0].dims} but the model has "
@@ -204,19 +226,32 @@ def write_triton_repository(onnx_file: Path, spec: ModelSpec, root: Path, option
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
+        os.chmod(staging, plain_mode(directory=True))  # mkdtemp's 0700: Triton may run as another user
         (staging / "1").mkdir()
-        shutil.copyfile(onnx_file, staging / "1" / "model.onnx")
+        shutil.copyfile(onnx_file, staging / "1" / "model.onnx")  # copyfile: a new file, the umask's mode
         (staging / "labels.txt").write_text("\n".join(spec.labels) + "\n")
-        (staging / "config.pbtxt").write_text(config_text(name, inputs, outputs, options, "labels.txt"))
+        (staging / "config.pbtxt").write_text(config_text(name, inputs, outputs, options, "labels.txt", note))
         _swap_into_place(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    removed = _remove_earlier_exports(root, keep=name)
 
     kserve = root.parent / KSERVE_FILE
     _check_replaceable_file(kserve)
     atomic_write_text(kserve, kserve_manifest(name, options))
     return TritonRepository(root, target, target / "config.pbtxt", target / "1" / "model.onnx",
-                            target / "labels.txt", kserve, name)
+                            target / "labels.txt", kserve, name, removed, note)
+
+
+def _remove_earlier_exports(root: Path, keep: str) -> list[str]:
+    """Model folders of ours other than `keep` (an export under an earlier name): Triton would load them
+    beside the new one. Folders we did not write stay."""
+    removed = []
+    for folder in sorted(root.iterdir()):
+        if folder.is_dir() and folder.name != keep and not folder.name.startswith(".") and _ours(folder / "config.pbtxt"):
+            shutil.rmtree(folder)
+            removed.append(folder.name)
+    return removed
 
 
 def _ours(config: Path) -> bool:

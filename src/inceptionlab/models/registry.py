@@ -182,6 +182,10 @@ def _want_pretrained(name: str, weights: str | None) -> str | None:
     return weights
 
 
+RANDOM_WEIGHTS = "random"  # --weights random: no file, no download (latency and the protocol do not depend on values)
+RANDOM_WEIGHTS_SEED = 0  # the same "random" model every time, whatever the caller's RNG state
+
+
 def build_model(
     name: str,
     num_classes: int,
@@ -189,8 +193,15 @@ def build_model(
     aux_loss_weight: float | None = None,
     **kwargs: Any,
 ) -> BuiltModel:
-    """A model ready to train or run: pretrained weights loaded, heads sized to `num_classes`."""
+    """A model ready to train or run: pretrained weights loaded, heads sized to `num_classes`.
+
+    `weights`: None (random init), "imagenet", "imagenet_if_cached", a state_dict file, or "random"
+    (random init from RANDOM_WEIGHTS_SEED, the caller's RNG left as it was)."""
     _check_known(name)
+    if weights == RANDOM_WEIGHTS:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(RANDOM_WEIGHTS_SEED)
+            return build_model(name, num_classes, None, aux_loss_weight, **kwargs)
     if name in _OWN_MODELS:
         if weights not in (None, "imagenet_if_cached"):
             raise UserError(f"model {name!r} has no pretrained weights: set model.weights=null")
@@ -319,7 +330,10 @@ def load_run_model(run_dir: Path, weights: Path | None = None) -> tuple[nn.Modul
 
 
 def load_pretrained_model(name: str, weights: str = "imagenet") -> tuple[nn.Module, ModelSpec]:
-    """A pretrained classifier with its own spec (ImageNet classes, the weights' preprocessing), in eval mode."""
+    """A pretrained classifier with its own spec (ImageNet classes, the weights' preprocessing), in eval mode;
+    weights "random": the same architecture from RANDOM_WEIGHTS_SEED, to try a command offline."""
     spec = pretrained_spec(name)
     built = build_model(name, spec.num_classes, weights)
+    if weights == RANDOM_WEIGHTS:
+        spec.arch_kwargs = dict(built.arch_kwargs)  # as built: no pretrained-only arguments (transform_input)
     return built.model.eval(), spec
