@@ -289,6 +289,17 @@ def test_an_emulated_precision_is_announced_with_its_measured_slowdown():
     assert hardware.emulation_warning(replace(facts, bf16=False), "bf16", measure=False).startswith("bf16 is emulated")
 
 
+def test_fp16_on_a_cpu_without_fp16_units_is_announced_like_bf16():
+    facts = hardware.cpu_facts()
+    assert facts.fp16 == bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())  # the probe asks oneDNN
+    warning = hardware.emulation_warning(replace(facts, fp16=False), "fp16", measure=False)
+    assert warning.startswith("fp16 is emulated on this CPU") and "slower than fp32" in warning
+    assert hardware.emulation_warning(replace(facts, fp16=True), "fp16", measure=False) is None
+    if not facts.fp16:
+        measured = hardware.emulation_warning(facts, "fp16")
+        assert "x slower than fp32 on one convolution here" in measured
+
+
 def test_the_governor_gives_up_a_thread_while_another_process_keeps_a_cpu_busy():
     samples = iter([hardware.CpuSample(0, 0, 0), hardware.CpuSample(20, 10, 10),  # 1.0 CPU used by others
                     hardware.CpuSample(40, 20, 20),  # others again 1.0 CPU: unchanged

@@ -86,8 +86,9 @@ class DeviceFacts:
 def cpu_facts() -> DeviceFacts:
     """The CPU as torch's kernels will use it.
 
-    bf16/fp16 come from oneDNN's own check (`torch.ops.mkldnn._is_mkldnn_bf16_supported`), which
-    also honours ONEDNN_MAX_CPU_ISA: a CPU limited to AVX2 that way reports no bf16, as it should.
+    bf16/fp16 come from oneDNN's own checks (`torch.ops.mkldnn._is_mkldnn_bf16_supported`, `..._fp16_...`:
+    AVX512-FP16 or AMX-FP16), which also honour ONEDNN_MAX_CPU_ISA: a CPU limited to AVX2 that way reports
+    neither, as it should.
     """
     import torch  # start-up time: callers that only need the name (loadtest) never pay for torch
 
@@ -97,7 +98,7 @@ def cpu_facts() -> DeviceFacts:
     bf16 = _mkldnn_supports(torch, "bf16")
     flags = cpu_flags()
     amx = bf16 and "amx_bf16" in flags
-    return DeviceFacts("cpu", cpu_model_name(), capability, bf16=bf16, fp16=False, amx=amx)
+    return DeviceFacts("cpu", cpu_model_name(), capability, bf16=bf16, fp16=_mkldnn_supports(torch, "fp16"), amx=amx)
 
 
 def _cpu_capability(torch: Any) -> str:
@@ -329,15 +330,29 @@ def emulation_warning(facts: DeviceFacts, precision: str, measure: bool = True) 
 
     On a CPU the slowdown is measured at once on one convolution (64 channels, 40x40, batch 8, channels
     last: 0.05-0.3 s): 6.6-10.5x on an AMD EPYC capped to AVX2, against 0.5x (faster) with bf16 units.
+    fp16 likewise on a CPU without AVX512-FP16/AMX-FP16 units: the issue that asked for this warning saw eager
+    fp16 ~80x slower than fp32 on the demo model (AMD EPYC Zen 3, 2026-11-26), while ONNX Runtime and
+    OpenVINO skip fp16 there with a reason.
     """
+    if precision == "fp16" and facts.kind == "cpu" and not facts.fp16:
+        return _cpu_emulation_warning(facts, "fp16", "avx512_fp16/amx_fp16", measure)
     if precision != "bf16" or facts.bf16:
         return None
     if facts.kind != "cpu":
         return f"bf16: {_no_bf16_reason(facts)}"
-    factor = conv_slowdown("bf16") if measure else None
+    return _cpu_emulation_warning(facts, "bf16", "avx512_bf16/amx_bf16", measure)
+
+
+# What whole models measured when emulated on an AMD EPYC Zen 3 (AVX2 only), 2026-11-24/26.
+_EMULATED_MODELS = {"bf16": "whole models measured 6-34x slower on such a CPU",
+                    "fp16": "the demo model measured ~80x slower in eager mode on such a CPU"}
+
+
+def _cpu_emulation_warning(facts: DeviceFacts, precision: str, units: str, measure: bool) -> str:
+    factor = conv_slowdown(precision) if measure else None
     expected = f"{factor:.1f}x slower than fp32 on one convolution here" if factor else "10-30x slower than fp32"
-    return (f"bf16 is emulated on this CPU ({facts.name}, {facts.arch}: no avx512_bf16/amx_bf16 units as oneDNN "
-            f"reports): expect it {expected}; whole models measured 6-34x slower on such a CPU")
+    return (f"{precision} is emulated on this CPU ({facts.name}, {facts.arch}: no {units} units as oneDNN "
+            f"reports): expect it {expected}; {_EMULATED_MODELS[precision]}")
 
 
 def conv_slowdown(precision: str, repeats: int = 3) -> float | None:
