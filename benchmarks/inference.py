@@ -11,7 +11,8 @@ top-1 agreement with fp32 on held-out real images and whether that makes the mod
 
 Latency does not depend on the weights' values; agreement does (a random model's logits are near
 ties), so agreement is only meaningful with a trained run. Check `uptime` first: other processes on
-the same cores distort every row (the load average at measurement is printed with each row).
+the same cores distort every row (each row records their CPU use, `others_cpus`, and a warning says when
+the machine was not quiet; the configurations take turns in rounds, so such load falls on all alike).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from _results import render_file, write_result  # this folder's sibling module
 from inceptionlab.host import keep_freed_memory
 from inceptionlab.fileio import append_jsonl
-from inceptionlab.infer.bench import BenchSettings, Config, result_records, run_bench
+from inceptionlab.infer.bench import BenchSettings, Config, busy_warning, result_records, run_bench
 from inceptionlab.infer.runtimes import RUNTIMES, Target
 from inceptionlab.infer.source import load_source
 from inceptionlab.runtime import environment
@@ -47,7 +48,7 @@ def parse_configs(text: str) -> list[Config]:
 
 COLUMNS = [("backend", "backend"), ("precision", "precision"), ("layout", "layout"), ("batch", "batch"),
            ("p50_ms", "p50 ms", ".1f"), ("latency_vs_eager_fp32", "latency vs eager fp32", ".2f"),
-           ("img_per_s", "img/s", ".1f"), ("gflops", "GFLOP/s", ".0f"), ("first_ms", "first call ms", ".0f"),
+           ("img_per_s", "img/s (p50)", ".1f"), ("gflops", "GFLOP/s", ".0f"), ("first_ms", "first call ms", ".0f"),
            ("agreement_text", "top-1 agreement with fp32"), ("usable", "usable")]
 
 
@@ -99,6 +100,8 @@ def main() -> None:
     print(render_file(path))
     for skipped in report.skipped:
         print(f"skipped {skipped.config.label}: {skipped.reason}")
+    if busy_warning(report):
+        print(f"warning: {busy_warning(report)}")
     if args.json:
         for row in report.rows:
             print(json.dumps(row))

@@ -768,6 +768,23 @@ def _children_cpu_seconds(tick: int) -> float:
     return total
 
 
+def others_cpu_seconds(before: CpuSample | None, after: CpuSample | None) -> tuple[float, float] | None:
+    """(CPU-seconds other processes used, wall seconds) between two samples of `cpu_sample`; None if unknown."""
+    if before is None or after is None:
+        return None
+    used = (after.busy - before.busy) - (after.own - before.own)
+    return max(0.0, used), after.wall - before.wall
+
+
+def others_cpus(before: CpuSample | None, after: CpuSample | None, min_wall_s: float = 0.05) -> float | None:
+    """CPUs' worth of time other processes used between two samples (None: unknown, or a window under
+    `min_wall_s`, which /proc/stat's 10 ms ticks cannot resolve)."""
+    seconds = others_cpu_seconds(before, after)
+    if seconds is None or seconds[1] < min_wall_s:
+        return None
+    return seconds[0] / seconds[1]
+
+
 class ThreadGovernor:
     """torch's CPU thread count follows the CPUs that other processes leave free.
 
@@ -804,10 +821,7 @@ class ThreadGovernor:
         """CPUs' worth of time other processes used since the last call (None: unknown)."""
         now = self.sample()
         before, self.last = self.last, now
-        if now is None or before is None or now.wall - before.wall < 0.05:
-            return None
-        elapsed = now.wall - before.wall
-        return max(0.0, ((now.busy - before.busy) - (now.own - before.own)) / elapsed)
+        return others_cpus(before, now)
 
     def update(self, *_: Any) -> int:
         """Re-size torch's pool for the load seen since the last call; returns the thread count."""

@@ -29,6 +29,9 @@ def bench(
                                                          "auto: both."),
     batch: str = typer.Option("1", "--batch", help="Comma list of batch sizes, e.g. 1,8,32."),
     iters: int = typer.Option(100, "--iters", min=1, help="Timed calls per configuration and batch size."),
+    rounds: int = typer.Option(5, "--rounds", min=1, help="Rounds the timed calls are split into; in each round "
+                                                          "the configurations take turns, so a load that comes "
+                                                          "and goes beside the bench slows every row alike."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls after the first."),
     device: str = options.device_option(),
     provider: str = typer.Option("auto", "--provider", help="onnxruntime: auto | cpu | cuda | tensorrt | migraphx."),
@@ -53,7 +56,9 @@ def bench(
     """Time inference: first call apart, warm-up, synchronised calls; mean/p50/p90/p99 latency, images/s,
     GFLOP/s; for bf16/fp16/int8 the top-1 agreement with fp32 on held-out real images and whether that
     makes the model usable (>= 99% on >= 200 images). Several configurations print one table with the
-    speed-up against eager fp32 NCHW (measured first). Rows are appended to bench/results.jsonl.
+    speed-up against eager fp32 NCHW; they take turns in --rounds rounds, and each row records other
+    processes' CPU use meanwhile (a warning says when the machine was not quiet) and how far its rounds
+    spread. img/s and the speed-up come from the median. Rows are appended to bench/results.jsonl.
 
     Examples:
 
@@ -82,7 +87,7 @@ def bench(
     configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), precisions,
                    parse_list(layout, ("auto", *TORCH_LAYOUTS), "--layout"), facts)
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
-                             holdout, calibration, min_agreement, onnx)
+                             holdout, calibration, min_agreement, onnx, rounds)
     from inceptionlab.infer.bench import run_bench
     from inceptionlab.infer.source import load_source
 
@@ -105,6 +110,11 @@ def bench(
     append_jsonl(source.bench_results, list(result_records(report, source, settings, command, env)))
     if not as_json:
         _print_table(report, source, env, settings)
+    else:
+        from inceptionlab.infer.bench import busy_warning
+
+        if busy_warning(report):
+            _log(f"warning: {busy_warning(report)}")
     _log(f"results appended to {source.bench_results}")
     if plot:
         from inceptionlab.bench_plots import plot_bench_run
@@ -129,14 +139,17 @@ def _announce(facts, precisions: list[str]) -> None:
 
 
 def _print_table(report, source, env, settings) -> None:
-    from inceptionlab.infer.bench import format_table
+    from inceptionlab.infer.bench import busy_warning, format_table
 
     row = report.rows[0]
     flops = f"{row['gflop_per_image']:.1f} GFLOP/image" if row["gflop_per_image"] else "GFLOP unknown"
     print(f"{source.spec.arch} at {source.spec.crop_size} px ({flops}), "
-          f"{env['device_name']}, torch threads {env['torch_threads']}; iters {settings.iters}, "
-          f"warm-up {settings.warmup}; load average {row['loadavg_1min']}")
+          f"{env['device_name']}, torch threads {env['torch_threads']}; iters {settings.iters} in "
+          f"{row['rounds']} rounds, warm-up {settings.warmup}; load average {row['loadavg_1min']}")
     print(format_table(report.rows))
+    warning = busy_warning(report)
+    if warning:
+        print(f"warning: {warning}")
     for skipped in report.skipped:
         print(f"skipped {skipped.config.label}: {skipped.reason}")
     for config, verdict in report.verdicts.items():
