@@ -108,6 +108,17 @@ def test_the_cli_page_is_the_generated_reference(site):
         assert f"Usage: {' '.join(path)} " in page
 
 
+def test_the_cli_pages_table_of_commands_is_the_programs():
+    """docs/cli.md is read in the repository too (the full reference exists only in the built site): its
+    table of commands is written from the program, and must be rewritten when a command changes."""
+    page = (REPO / "docs" / "cli.md").read_text()
+    current = hooks.with_command_table(page, hooks.command_table(hooks.typer_app()))
+    assert page == current, "docs/cli.md's table of commands is out of date: run `python docs/hooks/generated.py`"
+    listed = re.findall(r"^\| `(inceptionlab [a-z -]+)` \|", page, flags=re.M)
+    assert set(listed) == {" ".join(path) for path, command in command_paths()
+                           if len(path) > 1 and not hasattr(command, "list_commands")}
+
+
 FAKE_ENV = {"device": "cpu", "device_name": "Test(R) CPU 9000", "cpu": "Test(R) CPU 9000", "cpu_capability": "AVX2",
             "cpu_count": 2, "torch_threads": 2, "versions": {"torch": "9.9"}, "time": "2030-01-01T00:00:00",
             "load_average": 0.5}

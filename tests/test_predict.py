@@ -95,3 +95,17 @@ def test_run_prediction_uses_the_runs_classes_and_preprocessing(trained_run, cli
     rows = parse_lines(result.out)
     assert len(rows) == 9 and all(len(r["topk"]) == 2 for r in rows)
     assert {t["label"] for r in rows for t in r["topk"]} <= {"cat", "dog", "fox"}
+
+
+def test_json_answers_come_in_the_order_of_the_inputs(inception_hub, sample_photos, tmp_path, cli):
+    """Errors used to come first, before every classified file: a script zipping inputs with answers
+    paired the wrong ones."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    inputs = [sample_photos / "dog.jpg", tmp_path / "missing.jpg", sample_photos / "cat.jpg", empty,
+              sample_photos / "eagle.jpg"]
+    result = cli("predict", *inputs, "--model", "inception_v3", "--json", "--batch-size", "2")
+    assert result.code == 1
+    rows = parse_lines(result.out)
+    assert [r["file"] for r in rows] == [str(p) for p in inputs]
+    assert ["topk" in r for r in rows] == [True, False, True, False, True]

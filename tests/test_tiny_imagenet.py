@@ -375,6 +375,13 @@ def test_archive_is_extracted_and_prepared(synthetic, tmp_path, cli):
     assert not (root / DIRNAME / "val" / "images").exists()
 
 
+def test_the_text_report_gives_per_class_counts_as_first_steps_shows(synthetic, tmp_path, cli):
+    archive = zip_folder(synthetic, tmp_path / "tiny-imagenet-200.zip")
+    result = cli("data", "tiny-imagenet", "--root", tmp_path / "fresh", "--archive", archive)
+    assert result.code == 0, result.err
+    assert any(line.split() == ["val", "9", "images", "(3-3", "per", "class)"] for line in result.out.splitlines())
+
+
 def test_rerun_after_partial_extraction_completes(synthetic, tmp_path, monkeypatch):
     dataset = synthetic / DIRNAME
     expected = expected_after_regroup(snapshot(dataset), dataset / "val" / "val_annotations.txt")

@@ -118,3 +118,11 @@ def test_missing_pretrained_weights_tell_train_users_the_recipe_key(image_folder
     result = cli(*train_args(image_folder, tmp_path / "runs", "model.name=resnet18", "model.weights=imagenet"))
     assert result.code == 2
     assert "--set model.weights=PATH" in result.err
+
+
+def test_a_text_run_counts_samples_not_images(imdb_root, tmp_path, cli):
+    result = cli("train", "imdb/text_classifier", "--data", imdb_root, "--set", "train.epochs=1",
+                 "--out", tmp_path / "runs", "--no-progress")
+    assert result.code == 0, result.err
+    line = next(line for line in result.out.splitlines() if "train_loss" in line)
+    assert "samples/s" in line and "img/s" not in line

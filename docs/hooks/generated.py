@@ -3,6 +3,9 @@
 - `<!-- cli-reference -->` becomes every command's own `--help`, walked from the Typer app behind the
   `inceptionlab` console script (typer's `get_command`, click's `get_help`): the reference cannot
   drift from the program, and nothing is copied by hand.
+- docs/cli.md's table of commands (between `<!-- commands -->` and `<!-- /commands -->`) is written
+  into the file itself, so the page is useful in the repository too: `python docs/hooks/generated.py`
+  rewrites it from the program, and tests/test_docs.py fails while it is out of date.
 - `<!-- results: NAME -->` becomes the tables of benchmarks/results/NAME--<machine>--<time>.json (the
   newest file per machine), each headed by the CPU or GPU it was measured on, through
   benchmarks/_results.py, the module that writes those files.
@@ -83,8 +86,38 @@ def walk(command: Any, path: list[str], parent: Any = None) -> Iterator[tuple[li
             yield from walk(sub, [*path, name], ctx)
 
 
+COMMANDS_START, COMMANDS_END = "<!-- commands -->", "<!-- /commands -->"
+CLI_PAGE = REPO / "docs" / "cli.md"
+
+
+def command_table(app: Any) -> str:
+    """One row per command: its name and the first sentence of its help, in the order `--help` lists them."""
+    import typer.main
+
+    rows = ["| command | what it does |", "|---|---|"]
+    for path, command, _ in walk(typer.main.get_command(app), [PROGRAM]):
+        if len(path) < 2 or hasattr(command, "list_commands"):
+            continue  # the program itself and command groups
+        paragraph = " ".join((command.help or "").split("\n\n")[0].split())
+        summary = re.split(r"(?<=[.!?])\s+(?=[A-Z])", paragraph)[0]  # its first sentence
+        summary = summary.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
+        rows.append(f"| `{' '.join(path)}` | {summary} |")
+    return "\n".join(rows)
+
+
+def with_command_table(page: str, table: str) -> str:
+    """`page` with the block between the commands markers replaced by `table`."""
+    start, end = page.index(COMMANDS_START) + len(COMMANDS_START), page.index(COMMANDS_END)
+    return page[:start] + "\n" + table + "\n" + page[end:]
+
+
 def plain_help(command: Any, ctx: Any) -> str:
     # Typer draws help with Rich (boxes, colours) straight to the terminal when Rich is installed;
     # without a markup mode it formats the same words as plain text and returns them.
     command.rich_markup_mode = None
     return command.get_help(ctx).rstrip()
+
+
+if __name__ == "__main__":  # python docs/hooks/generated.py: rewrite docs/cli.md's table of commands
+    CLI_PAGE.write_text(with_command_table(CLI_PAGE.read_text(), command_table(typer_app())))
+    print(f"wrote the table of commands in {CLI_PAGE}")

@@ -231,7 +231,8 @@ def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
     r.last = _eval_summary(epoch, s, val)
     improved = r.best.update(float(row[r.best.metric]), epoch, r.last)  # a valid key: engine/choices.py
     r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
-    r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped + s.val_loader.skipped))
+    unit = "img/s" if s.spec.input_kind == "image" else "samples/s"  # metrics.jsonl keeps its images_per_s key
+    r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped + s.val_loader.skipped, unit))
 
 
 def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:

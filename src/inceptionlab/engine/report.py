@@ -47,12 +47,13 @@ class Reporter:
             self.bar = None
 
 
-def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str]) -> str:
+def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str], unit: str = "img/s") -> str:
+    """The epoch's figures in one line; `unit` names what the throughput counts (samples/s for text)."""
     line = (
         f"epoch {row['epoch']}/{epochs}  train_loss {row['train_loss']:.4f}  val_loss {row['val_loss']:.4f}  "
         f"val_top1 {row['val_top1']:.4f}  " + (f"val_top5 {row['val_top5']:.4f}  " if "val_top5" in row else "") +
         f"lr {row['lr']:.3g}  "
-        f"{row['images_per_s']:.1f} img/s  {row['epoch_seconds']:.1f}s"
+        f"{row['images_per_s']:.1f} {unit}  {row['epoch_seconds']:.1f}s"
     )
     if skipped:
         line += f"  ({skipped_files_note(skipped)})"

@@ -47,10 +47,22 @@ class Predictor:
         return [{"label": labels[i], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(values, indices)]
 
     def predict_files(self, inputs: Iterable[str | Path], topk: int = 5, batch_size: int = 16) -> Iterator[dict[str, Any]]:
-        """One result per input, in input order: {"file", "topk"} or {"file", "error"}."""
-        files, errors = expand_image_paths(list(inputs))
-        for source, message in errors:
-            yield {"file": str(source), "error": message}
+        """One result per file, in input order (a folder's files in their sorted place): {"file", "topk"},
+        or {"file", "error"} for a file that cannot be read and for an input that names no image."""
+        pending: list[Path] = []  # files waiting for a full batch
+        for item in inputs:
+            files, errors = expand_image_paths([item])
+            pending.extend(files)
+            if errors:  # missing, no images, or a sub-folder that cannot be listed: after what came before
+                yield from self._predict_batches(pending, topk, batch_size)
+                pending = []
+                yield from ({"file": str(source), "error": message} for source, message in errors)
+            while len(pending) >= batch_size:
+                yield from self._predict_batch(pending[:batch_size], topk)
+                pending = pending[batch_size:]
+        yield from self._predict_batches(pending, topk, batch_size)
+
+    def _predict_batches(self, files: list[Path], topk: int, batch_size: int) -> Iterator[dict[str, Any]]:
         for start in range(0, len(files), batch_size):
             yield from self._predict_batch(files[start : start + batch_size], topk)
 
