@@ -126,3 +126,14 @@ def test_a_text_run_counts_samples_not_images(imdb_root, tmp_path, cli):
     assert result.code == 0, result.err
     line = next(line for line in result.out.splitlines() if "train_loss" in line)
     assert "samples/s" in line and "img/s" not in line
+
+
+def test_ctrl_c_in_any_other_command_says_interrupted(sample_photos, cli, monkeypatch):
+    from inceptionlab.infer import predict
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(predict.Predictor, "predict_files", interrupted)
+    result = cli("predict", sample_photos, "--model", "squeezenet1_1", "--weights", "random")
+    assert result.code == 130 and result.err.strip() == "interrupted"

@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit as exc:
+        if _from_ctrl_c(exc):  # Typer turns Ctrl-C into a silent exit 130: say what happened
+            print("interrupted", file=sys.stderr)
+        raise
     except Exception as exc:  # the program's own failure: logged with its traceback, never swallowed
         if _invocation.debug:
             raise
@@ -150,6 +154,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(INTERNAL_ERROR_EXIT)
     finally:
         _remove_handler()  # the stream it holds belongs to this call (tests run many in one process)
+
+
+def _from_ctrl_c(exc: BaseException) -> bool:
+    """True for the exit Typer makes of a KeyboardInterrupt (click's Exit(130), raised from it)."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # SystemExit <- click Exit <- KeyboardInterrupt: a short chain
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def program() -> None:
