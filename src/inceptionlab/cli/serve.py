@@ -42,6 +42,10 @@ def serve(
     drain_s: float = typer.Option(30.0, "--drain-s", min=0, help="On SIGTERM: longest wait for accepted "
                                   "requests."),
     max_body_mb: float = typer.Option(20.0, "--max-body-mb", min=0.001, help="Request body limit (413)."),
+    max_concurrency: int = typer.Option(128, "--max-concurrency", min=1, help="Requests in progress at once "
+                                        "per front end (HTTP requests, gRPC calls); one more gets 503 + "
+                                        "Retry-After (gRPC: RESOURCE_EXHAUSTED) before its body is read. Bounds "
+                                        "memory: at most this many x --max-body-mb of bodies."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this key (401 without it); default: "
                                           "$INCEPTIONLAB_API_KEY if set."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the "
@@ -97,8 +101,8 @@ def serve(
         typer.echo(f"serving {m.describe()}")
     key = api_key or os.environ.get(API_KEY_ENV) or None
     grpc_address = None if grpc_number is None else f"{_bracketed(host)}:{grpc_number}"
-    app = create_app(served, RequestSettings(settings.max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key),
-                     grpc_address)
+    app = create_app(served, RequestSettings(settings.max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key,
+                                             max_concurrency=max_concurrency), grpc_address)
     grpc_note = "" if grpc_number is None else f", gRPC at {_bracketed(host)}:{grpc_number or 'a free port'}"
     typer.echo(f"ready: http://{_bracketed(host)}:{port}/ (KServe v2 at /v2, metrics at /metrics{grpc_note}"
                f"{', API key required' if key else ''}); SIGTERM drains and exits", err=False)

@@ -72,6 +72,11 @@ OUTPUTS = ("probabilities", "logits")
 # Uploads above this many pixels are refused before decoding: a 40 Mpx RGB image is 120 MB decoded,
 # 12x a 12 Mpx phone photo; JPEGs are drafted down anyway, PNG/TIFF "bombs" would be decoded in full.
 MAX_UPLOAD_PIXELS = 40_000_000
+# All of one request's images together, as decoded (JPEGs after drafting): 80 Mpx is 240 MB of RGB, two
+# of the largest uploads; 32 phone photos of 12 Mpx draft down to ~6 Mpx at a 342 px eval size. Checked
+# from the headers before anything is decoded, so one request cannot make the server decode dozens of
+# large PNGs in full.
+MAX_REQUEST_PIXELS = 80_000_000
 MAX_TEXT_BYTES = 100_000  # a long IMDB review is ~10 kB; the model reads its first seq_len words
 
 
@@ -218,8 +223,17 @@ class ServedModel:
     def decode_images(self, blobs: Sequence[bytes], names: Sequence[str] | None = None) -> tuple[np.ndarray, int]:
         if not blobs:
             raise ProtocolError("no images in the request")
+        self.check_pixel_budget(blobs)
         names = names or [f"#{i}" for i in range(len(blobs))]
         return np.stack([self.preprocess_image(blob, name) for blob, name in zip(blobs, names)]), len(blobs)
+
+    def check_pixel_budget(self, blobs: Sequence[bytes]) -> None:
+        """Refuse a request whose images would decode to more than MAX_REQUEST_PIXELS together, from
+        their headers alone (unreadable headers count 0: decoding them fails on its own)."""
+        total = sum(_decoded_pixels(blob, self.spec.resize_size) for blob in blobs)
+        if total > MAX_REQUEST_PIXELS:
+            raise ProtocolError(f"the request's {len(blobs)} images decode to {total:,} pixels, above the "
+                                f"{MAX_REQUEST_PIXELS:,}-pixel budget of one request; send fewer or smaller images")
 
     def preprocess_image(self, data: bytes, name: str) -> np.ndarray:
         """Encoded image -> uint8 CHW after the spec's eval transform (what `predict` does to a file)."""
@@ -278,6 +292,18 @@ def _utf8(item: bytes, index: int) -> str:
         return item.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError(f"text #{index} is not valid UTF-8") from None
+
+
+def _decoded_pixels(data: bytes, max_side: int) -> int:
+    """How many pixels decoding `data` produces (decode_rgb drafts JPEGs down to `max_side`), read from
+    the header (Image.open is lazy; draft only picks the JPEG decoder's scale); 0 when PIL cannot tell."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", (max_side, max_side))
+            width, height = image.size
+    except Exception:  # noqa: BLE001 - not an image: decode_rgb says so, per file
+        return 0
+    return width * height
 
 
 def _check_pixels(data: bytes, name: str) -> None:

@@ -23,6 +23,11 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+# uvicorn's own bound: open connections plus running requests. Past it uvicorn answers a plain 503
+# itself; the app's ConcurrencyLimit refuses earlier, with a JSON body, at --max-concurrency requests in
+# progress: this one bounds the connections idle clients may hold open on top of those.
+CONNECTIONS_PER_REQUEST = 2
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI, drain_s: float):
@@ -53,10 +58,15 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def uvicorn_config(app: FastAPI, host: str, port: int, drain_s: float, log_level: str = "warning") -> uvicorn.Config:
+    """uvicorn's settings for the app: its connection bound follows --max-concurrency."""
+    limit = app.state.serve.settings.max_concurrency * CONNECTIONS_PER_REQUEST
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, limit_concurrency=limit,
+                          timeout_graceful_shutdown=max(1, int(drain_s)), lifespan="on")
+
+
 def serve_forever(app: FastAPI, host: str, port: int, drain_s: float, log_level: str = "warning") -> None:
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=max(1, int(drain_s)), lifespan="on")
-    server = DrainingServer(config, app, drain_s)
+    server = DrainingServer(uvicorn_config(app, host, port, drain_s, log_level), app, drain_s)
     server.run()
 
 
