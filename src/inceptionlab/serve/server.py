@@ -18,6 +18,7 @@ failed transfer). After the exit, a client that goes on sending meets a closed p
 from __future__ import annotations
 
 import asyncio
+import gc
 from types import FrameType
 
 import uvicorn
@@ -39,6 +40,7 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        settle_collector()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_task is not None or self.loop is None:  # second signal, or not started: go now
@@ -56,6 +58,24 @@ class DrainingServer(uvicorn.Server):
         complete = await state.drain(self.drain_s)
         print("drained" if complete else "drain time over: exiting with requests unanswered", flush=True)
         self.should_exit = True
+
+
+def settle_collector() -> None:
+    """Move everything start-up allocated (models, libraries: ~430,000 tracked objects for the demo
+    model) out of the garbage collector's reach, once the server is ready.
+
+    A full (generation-2) collection walks every tracked object: one over the loaded models took 209 ms
+    in the first loaded window of a server on a 2-core AMD EPYC, a p99 of 215-313 ms in one window in
+    three at 100 requests/s against 32-41 ms in the others. Frozen objects are never walked again. The
+    collection first frees start-up's garbage, and sets the collector's reference for the next full
+    collection to start-up's object count: it comes only once the objects kept since then reach a
+    quarter of that (CPython's rule up to 3.13; tests/test_serve_gc.py checks the behaviour on the
+    running version), which a steady server does not do. Freed tensors and request
+    objects are reference-counted as before; cycles among them are still collected by the young
+    generations. gunicorn users (before forking) and Instagram do the same.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def uvicorn_config(app: FastAPI, host: str, port: int, drain_s: float, log_level: str = "warning") -> uvicorn.Config:
