@@ -27,8 +27,12 @@ def serve(
                                   "precisions only when they pass the agreement rule)."),
     device: str = options.device_option(),
     max_batch: str = typer.Option("auto", "--max-batch", help="Largest batch the dynamic batcher forms; auto: "
-                                  "decided with --instances by measuring each plan's saturation images/s at "
-                                  "start-up (cached per machine): batching only where it pays >= 1.25x."),
+                                  "decided with --instances at start-up: each plan's batch times are measured "
+                                  "(cached per machine) and the plan that holds the highest rate of random "
+                                  "arrivals within --slo-ms is chosen."),
+    slo_ms: float = typer.Option(100.0, "--slo-ms", min=0.001, help="The latency objective auto plans are "
+                                 "chosen for: p99 in ms under Poisson arrivals (the plans' rates and saturation "
+                                 "are printed at start-up)."),
     max_delay_ms: str = typer.Option("auto", "--max-delay-ms", help="Longest a request waits for its batch to "
                                      "fill, ms; auto: 10% of one unbatched inference (1-10 ms), 0 unbatched."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
@@ -87,7 +91,7 @@ def serve(
     settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
                                  _positive("--instances", instances), weights,
                                  log=lambda message: typer.echo(message, err=True),
-                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate)
+                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate, slo_ms=slo_ms)
     served = []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))

@@ -85,7 +85,8 @@ class ModelLoadSettings:
     """How each served model is loaded: runtime, precision, device, batch buckets, instances.
 
     None for max_batch, instances or max_delay_ms means `auto`: decided on this machine at start-up
-    (hardware.decide_serving: saturation images/s of each plan measured, cached per machine).
+    (hardware.decide_serving: each plan's saturation images/s measured and cached per machine, and the
+    plan holding the highest Poisson rate within `slo_ms` at p99 chosen).
     """
 
     backend: str = "auto"
@@ -98,6 +99,7 @@ class ModelLoadSettings:
     log: Callable[[str], None] = print
     max_delay_ms: float | None = None
     fresh: bool = False  # measure the serving plan afresh instead of reusing the speed cache
+    slo_ms: float = hardware.DEFAULT_SLO_MS  # the p99 objective the plan is chosen for
 
 
 def auto_backend(device: str, input_kind: str) -> str:
@@ -378,7 +380,7 @@ def decide_plan(opener: EngineOpener, settings: ModelLoadSettings) -> hardware.S
                             extra=f"{opener.backend}/{opener.precision}")
     return hardware.decide_serving(plans, lambda plan, seconds: saturation(opener, plan, cpus, gpu, seconds),
                                    cpus=cpus, gpu=gpu, key=key, cache=hardware.SpeedCache(), fresh=settings.fresh,
-                                   delay_ms=settings.max_delay_ms)
+                                   delay_ms=settings.max_delay_ms, slo_ms=settings.slo_ms)
 
 
 def saturation(opener: EngineOpener, plan: hardware.ServePlan, cpus: int, gpu: bool, seconds: float) -> float:
