@@ -47,6 +47,10 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
             self.force_exit = self.drain_task is not None
             return
+        # Python runs signal handlers in the main thread, the event loop's, before its next bytecode: the
+        # flags flip before any request read after the signal is answered (on uvloop the drain task would
+        # start only after the requests of the loop's current turn, which would still be accepted).
+        self.app.state.serve.stop_accepting()
         self.loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:

@@ -190,8 +190,8 @@ class ServeState:
     def _check_preprocessing(self) -> None:
         queued = self.preprocessing - self.settings.preprocess_threads
         if queued >= self.settings.max_queue:
-            raise ServeError("queue_full", f"{queued} jobs wait for the preprocessing threads (--max-queue "
-                             f"{self.settings.max_queue}); retry later", self.settings.retry_after_s)
+            raise ServeError("queue_full", f"{queued} requests are queued for the preprocessing threads "
+                             f"(--max-queue {self.settings.max_queue}); retry later", self.settings.retry_after_s)
 
     # ------------------------------------------------------------------ one request
 
