@@ -303,3 +303,29 @@ def test_the_grpc_front_end_refuses_a_huge_shape_as_invalid_argument(tiny):
             with pytest.raises(grpc.RpcError) as refused:
                 call(request, timeout=WAIT_S)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "shape" in refused.value.details()
+
+
+# --------------------------------------------------------------------------------------- per-request work
+
+
+def test_tensors_in_the_models_input_form_skip_the_preprocessing_threads(tiny):
+    """A UINT8 tensor needs only a shape check: it is answered while every preprocessing thread is busy
+    (it used to hop to that pool and wait behind image decoding)."""
+    app = create_app([tiny[2]], RequestSettings(preprocess_threads=1))
+    state, release = app.state.serve, threading.Event()
+    pixels = np.zeros((1, 3, 75, 75), np.uint8).tobytes()
+    header = json.dumps({"inputs": [{"name": "images", "shape": [1, 3, 75, 75], "datatype": "UINT8",
+                                     "parameters": {"binary_data_size": len(pixels)}}]}).encode()
+
+    async def occupy() -> None:
+        await state.in_thread(release.wait, WAIT_S)
+
+    with uvicorn_thread(app) as base:
+        busy = asyncio.run_coroutine_threadsafe(occupy(), app.state.event_loop)
+        try:
+            answer = httpx.post(f"{base}/v2/models/tiny/infer", content=header + pixels, timeout=20,
+                                headers={"Inference-Header-Content-Length": str(len(header))})
+        finally:
+            release.set()
+        busy.result(WAIT_S)
+    assert answer.status_code == 200 and json.loads(answer.content)["outputs"][0]["shape"][0] == 1

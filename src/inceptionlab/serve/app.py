@@ -304,10 +304,17 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
         async with state.counted(name, "http", request.state.request_id) as counted:
             state.refuse_early(name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
-            parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
+            parsed = await state.in_thread(*parse) if _json_bytes(*parse[1:]) > PARSE_IN_THREAD_BYTES \
+                else parse[0](*parse[1:])
             outputs = await state.infer(model, parsed, counted)
             payload, headers = encode_infer_response(name, "1", parsed, outputs)
             return Response(payload, headers=headers)
+
+
+def _json_bytes(body: bytes, header_length: str | None) -> int:
+    """How much of the body is JSON to parse: the binary extension's tensors are views of the body, parsed
+    at no cost whatever their size."""
+    return int(header_length) if header_length and header_length.isdigit() else len(body)
 
 
 def _ready_only(body: bytes) -> bool:

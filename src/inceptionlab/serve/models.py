@@ -207,6 +207,10 @@ class ServedModel:
             raise ProtocolError(f"model {self.name!r} has no input {tensor.name!r}; it takes {self.accepted_inputs()}")
         return readers[tensor.name](tensor)
 
+    def takes_as_is(self, tensor: InputTensor) -> bool:
+        """A tensor that `prepare_tensor` only checks (pixels or normalised values): no decoding."""
+        return self.is_image and tensor.name == IMAGE_INPUT and tensor.datatype in ("FP32", "UINT8")
+
     def _image_tensor(self, tensor: InputTensor) -> tuple[np.ndarray, int]:
         if tensor.datatype == "BYTES":  # encoded files sent to `images`, as before `image_bytes` was declared
             return self._encoded_images(tensor)

@@ -247,7 +247,11 @@ class ServeState:
             self.batchers[model.name].check_size(request.inputs[0].batch)  # before decoding what would be refused
         except ValueError as exc:
             raise ServeError("invalid", str(exc)) from None
-        item, count = await self.in_thread(model.prepare_tensor, request.inputs[0])
+        tensor = request.inputs[0]
+        # Tensors already in the model's input form only need a shape check: a thread hop (and the GIL
+        # handed over twice) would cost more than the work. Encoded images and texts go to the pool.
+        item, count = model.prepare_tensor(tensor) if model.takes_as_is(tensor) \
+            else await self.in_thread(model.prepare_tensor, tensor)
         result = await self.submit(model.name, item, count, counted.request_id, timeout_s)
         counted.outcome = "success"
         return {name: result[name] for name in request.outputs or OUTPUTS}
