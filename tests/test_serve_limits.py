@@ -329,3 +329,16 @@ def test_tensors_in_the_models_input_form_skip_the_preprocessing_threads(tiny):
             release.set()
         busy.result(WAIT_S)
     assert answer.status_code == 200 and json.loads(answer.content)["outputs"][0]["shape"][0] == 1
+
+
+def test_one_image_over_the_pixel_limit_is_refused_from_its_header(tiny):
+    counting = CountingDecodes(tiny[2])
+    app = create_app([counting.model], RequestSettings())
+    with uvicorn_thread(app) as base:
+        refused = httpx.post(f"{base}/v1/classify", content=png_header(7000, 7000), timeout=WAIT_S)
+        both = httpx.post(f"{base}/v1/classify", timeout=WAIT_S, files=[
+            ("file", ("big.png", png_header(7000, 7000), "image/png")), ("file", ("ok.png", a_png(tiny), "image/png"))])
+    assert refused.status_code == 400
+    assert "7000 x 7000 pixels is above the 40,000,000-pixel limit; downscale it first" in refused.json()["error"]
+    [good, bad] = both.json()["results"]  # one bad file of two: answered per file
+    assert both.status_code == 200 and len(good["topk"]) == 3 and "40,000,000-pixel limit" in bad["error"]
