@@ -135,7 +135,7 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     result = run_evaluation(model, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
                             recorder=recorder)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
-    meta = {"task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()),
+    meta = {"task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()), "recipe": recipe.name,
             "weights": str(weights) if weights else None, "data": str(getattr(dataset, "root", recipe.data.root or "")),
             "split": split or getattr(recipe.data, "val_split", "val"), "train_split": getattr(recipe.data, "train_split", "train")}
     return Evaluation(spec, result, present, PerImage.collect(recorder, dataset, result["skipped"], meta))
@@ -151,7 +151,7 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
     mapped = TargetMap(dataset, mapping)
     result = run_evaluation(model, spec, mapped, device=device, batch_size=batch_size, num_workers=num_workers,
                             recorder=recorder)
-    meta = {"task": spec.task, "model": name, "run_dir": None, "weights": weights, "data": str(Path(root).absolute()),
+    meta = {"task": spec.task, "model": name, "run_dir": None, "recipe": None, "weights": weights, "data": str(Path(root).absolute()),
             "split": root.name, "train_split": None}
     return Evaluation(spec, result, sorted(set(mapping)), PerImage.collect(recorder, mapped, result["skipped"], meta))
 
