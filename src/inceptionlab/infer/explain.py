@@ -73,6 +73,11 @@ class Explainer:
         """Normalised float batch -> (N, C) logits (a binary model's z as [0, z], as the results table)."""
         return as_two_class(main_logits(self.model(pixels)))
 
+    @torch.inference_mode()
+    def probabilities(self, batch: torch.Tensor) -> torch.Tensor:
+        """uint8 NCHW batch -> class probabilities (N, C) on the CPU, by the same forward pass Grad-CAM explains."""
+        return self._forward(self.normalize(batch.to(self.device))).softmax(dim=1).cpu()
+
     def raw_maps(self, batch: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
         """Grad-CAM at the layer's resolution, (N, h, w), ReLU applied, unscaled."""
         pixels = self.normalize(batch.to(self.device))
