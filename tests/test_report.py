@@ -168,3 +168,23 @@ def test_a_table_of_the_training_split_is_flagged(tmp_path):
     summary = write_report(results, tmp_path / "r.html", ReportSettings(cam=0, label_issues=0))
     assert not summary["held_out"] and any("training split" in note for note in summary["notes"])
     assert summary["label_issues"] is None
+
+
+def test_an_in_memory_split_gets_thumbnails_and_overlays_from_its_pixels(cifar_root, tmp_path, cli):
+    """CIFAR-10's test batch has no files: the page shows the split's own pixels, and Grad-CAM runs on them."""
+    pytest.importorskip("captum", reason="Captum is not installed (the trust extra)")
+    trained = cli("train", "cifar10/small_cnn", "--data", cifar_root, "--out", tmp_path / "runs", "--no-progress",
+                  "--json", "--set", "train.epochs=1")
+    assert trained.code == 0, trained.err
+    run = Path(json.loads(trained.out.strip().splitlines()[-1])["run_dir"])
+    assert cli("evaluate", run).code == 0
+    result = cli("report", run, "--json", "--cam", "3", "--label-issues", "0", "--device", "cpu")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["samples"] == 50 and summary["top_losses"][0]["file"] == ""
+    text = Path(summary["report"]).read_text()
+    data = json.loads(re.search(r'<script id="report-data" type="application/json">(.*?)</script>', text, re.S).group(1))
+    items = data["items"].values()
+    assert items and all(item["thumb"].startswith("data:image/jpeg;base64,") for item in items)
+    assert sum(item["cam"] is not None for item in items) == min(3, data["misclassified_total"])
+    assert all(item["name"].startswith("sample ") for item in items)

@@ -135,22 +135,59 @@ def _data_uri(picture: Image.Image) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def thumbnail(path: str) -> str | None:
-    """A small JPEG data URI of the image file, or None when it cannot be read now (moved, deleted)."""
-    if not path:
+class SampleImages:
+    """Each row's image: its file, or for in-memory splits (CIFAR-10, Fashion-MNIST, MNIST) its pixels in
+    the split, read again through the run's recipe and the dataset's reader (a second at most)."""
+
+    def __init__(self, results: Results):
+        self.arrays = _split_arrays(results)
+
+    def picture(self, row: dict[str, Any]) -> Image.Image | None:
+        """The image for a thumbnail, or None when there is none (moved or deleted file, text)."""
+        if row["file"]:
+            try:
+                return load_rgb(row["file"], max_side=THUMB_SIDE)
+            except (ImageReadError, OSError, ValueError) as exc:
+                log.warning("%s: no thumbnail (%s)", row["file"], str(exc).splitlines()[0] if str(exc) else
+                            type(exc).__name__)
+                return None
+        if self.arrays is None:
+            return None
+        pixels = self.arrays[row["sample"]].permute(1, 2, 0).numpy()
+        return Image.fromarray(pixels[..., 0] if pixels.shape[2] == 1 else pixels)
+
+    def model_input(self, row: dict[str, Any], load: Callable[[Path], torch.Tensor]) -> torch.Tensor:
+        """uint8 CHW as the model took it: the file through the spec's transform, or the split's pixels."""
+        return load(Path(row["file"])) if row["file"] else self.arrays[row["sample"]]  # type: ignore[index]
+
+
+def _split_arrays(results: Results) -> torch.Tensor | None:
+    """uint8 (N, C, H, W) pixels of an in-memory image split the table scored, else None."""
+    meta = results.meta
+    if not results.rows or results.rows[0]["file"] or not meta.get("run_dir"):
         return None
+    from inceptionlab.config import load_recipe
+    from inceptionlab.data.readers import read_eval_split
+
+    overrides = [f"data.root={meta['data']}"] if meta.get("data") else []
     try:
-        return _data_uri(load_rgb(path, max_side=THUMB_SIDE))
-    except (ImageReadError, OSError, ValueError) as exc:
-        log.warning("%s: no thumbnail (%s)", path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        recipe = load_recipe(Path(meta["run_dir"]) / "recipe.resolved.yaml", overrides)
+        split = read_eval_split(recipe.data, None, meta.get("split"))
+    except (UserError, OSError) as exc:
+        log.warning("no thumbnails: the split could not be read again (%s)", exc)
         return None
+    inputs = getattr(split, "inputs", None)
+    if not isinstance(inputs, torch.Tensor) or inputs.dtype != torch.uint8 or inputs.ndim != 4:
+        return None  # token ids (text), not pixels
+    return inputs
 
 
-CamMaker = Callable[[list[str], list[int]], list[Image.Image]]
+CamMaker = Callable[[list[dict[str, Any]]], list[Image.Image]]
 
 
-def model_cams(results: Results, device: torch.device) -> CamMaker:
-    """Grad-CAM overlays by the model the table came from (its run directory, or the pretrained name)."""
+def model_cams(results: Results, images: SampleImages, device: torch.device) -> CamMaker:
+    """Grad-CAM overlays (of each row's predicted class) by the model the table came from: its run
+    directory, or the pretrained model it names."""
     from inceptionlab.infer.explain import Explainer, overlay
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
@@ -161,9 +198,10 @@ def model_cams(results: Results, device: torch.device) -> CamMaker:
         model, spec = load_pretrained_model(meta["model"], meta.get("weights") or "imagenet")
     explainer = Explainer(model, spec, device)
 
-    def make(files: list[str], classes: list[int]) -> list[Image.Image]:
-        batch = torch.stack([explainer.load(Path(f)) for f in files])
-        return [overlay(image, cam) for image, cam in zip(batch, explainer.maps(batch, classes))]
+    def make(rows: list[dict[str, Any]]) -> list[Image.Image]:
+        batch = torch.stack([images.model_input(row, explainer.load) for row in rows])
+        cams = explainer.maps(batch, [row["pred_index"] for row in rows])
+        return [overlay(image, cam) for image, cam in zip(batch, cams)]
 
     return make
 
@@ -206,8 +244,8 @@ def _matrix(results: Results, matrix: np.ndarray, shown: list[int]) -> dict[str,
             "omitted": int(np.count_nonzero(matrix.sum(axis=1))) - len(shown)}
 
 
-def page_data(results: Results, settings: ReportSettings, summary: dict[str, Any], cams: CamMaker | None,
-              notes: list[str]) -> dict[str, Any]:
+def page_data(results: Results, settings: ReportSettings, summary: dict[str, Any], images: SampleImages,
+              cams: CamMaker | None, notes: list[str]) -> dict[str, Any]:
     """Everything the page draws, as one JSON object (thumbnails as data URIs, each image once)."""
     issues = summary["label_issues"]
     matrix = confusion_matrix(results)
@@ -220,8 +258,8 @@ def page_data(results: Results, settings: ReportSettings, summary: dict[str, Any
     gallery = wrong[: settings.misclassified]
     issue_rows = [issue["row"] for issue in (issues or [])]
     wanted = list(dict.fromkeys([*top, *gallery, *[i for v in cells.values() for i in v], *issue_rows]))
-    items = {i: _item(results, i) for i in wanted}
-    _add_cams(items, rows, [i for i in wrong if rows[i]["file"]][: settings.cam], cams, notes)
+    items = {i: _item(results, i, images) for i in wanted}
+    _add_cams(items, rows, [i for i in wrong if items.get(i, {}).get("thumb")][: settings.cam], cams, notes)
     if len(wrong) > len(gallery):
         notes.append(f"the gallery shows the {len(gallery)} misclassified images with the highest loss, of "
                      f"{len(wrong)}; results.csv lists all")
@@ -244,11 +282,15 @@ def _model_name(meta: dict[str, Any]) -> str:
     return f"{meta['recipe']}/{folder}" if meta.get("recipe") else folder
 
 
-def _item(results: Results, i: int) -> dict[str, Any]:
+def _item(results: Results, i: int, images: SampleImages) -> dict[str, Any]:
     row = results.rows[i]
     return {"row": i, "file": row["file"], "name": Path(row["file"]).name if row["file"] else f"sample {row['sample']}",
             "true": row["true_index"], "pred": row["pred_index"], "p_pred": row["p_pred"], "p_true": row["p_true"],
-            "loss": row["loss"], "correct": row["correct"], "thumb": thumbnail(row["file"]), "cam": None}
+            "loss": row["loss"], "correct": row["correct"], "thumb": _thumb(images.picture(row)), "cam": None}
+
+
+def _thumb(picture: Image.Image | None) -> str | None:
+    return None if picture is None else _data_uri(picture)
 
 
 def _add_cams(items: dict[int, dict[str, Any]], rows: list[dict[str, Any]], chosen: list[int],
@@ -258,7 +300,7 @@ def _add_cams(items: dict[int, dict[str, Any]], rows: list[dict[str, Any]], chos
     for start in range(0, len(chosen), batch):
         part = [i for i in chosen[start:start + batch] if items[i]["thumb"] is not None]
         if part:
-            for i, picture in zip(part, cams([rows[i]["file"] for i in part], [rows[i]["pred_index"] for i in part])):
+            for i, picture in zip(part, cams([rows[i] for i in part])):
                 items[i]["cam"] = _data_uri(picture)
     notes.append(f"Grad-CAM overlays (where the model looked for the class it chose) on the {len(chosen)} "
                  "misclassified images with the highest loss")
@@ -288,6 +330,7 @@ def write_report(results: Results, out: Path, settings: ReportSettings, *, devic
                  cams: CamMaker | None = None) -> dict[str, Any]:
     """Write the page to `out`; return its numbers (summarize's dict, plus "report": the file)."""
     notes: list[str] = []
+    images = SampleImages(results)
     if not held_out(results):
         notes.append(f"these rows score the training split ({results.meta.get('split')}): the model has seen "
                      "these images, so few label errors show; evaluate the validation split for a fair check")
@@ -297,10 +340,10 @@ def write_report(results: Results, out: Path, settings: ReportSettings, *, devic
         notes.append(f"no label-error ranking: {why_not}")
     if cams is None and settings.cam > 0 and device is not None:
         try:
-            cams = model_cams(results, device)
+            cams = model_cams(results, images, device)
         except UserError as exc:
             log.warning("no Grad-CAM overlays: %s", exc)
             notes.append(f"no Grad-CAM overlays: {exc}")
     summary = summarize(results, settings, issues)
-    atomic_write_text(out, render(page_data(results, settings, summary, cams, notes)))
+    atomic_write_text(out, render(page_data(results, settings, summary, images, cams, notes)))
     return {**summary, "notes": notes, "report": str(out)}
