@@ -27,11 +27,15 @@ import numpy as np
 import torch
 from PIL import Image
 
+from inceptionlab.config import load_recipe
 from inceptionlab.data.io.decode import ImageReadError, load_rgb
+from inceptionlab.data.readers import read_eval_split
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text
+from inceptionlab.infer.explain import Explainer, overlay
 from inceptionlab.infer.label_errors import held_out, likely_label_errors
 from inceptionlab.infer.results import Results
+from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +170,6 @@ def _split_arrays(results: Results) -> torch.Tensor | None:
     meta = results.meta
     if not results.rows or results.rows[0]["file"] or not meta.get("run_dir"):
         return None
-    from inceptionlab.config import load_recipe
-    from inceptionlab.data.readers import read_eval_split
-
     overrides = [f"data.root={meta['data']}"] if meta.get("data") else []
     try:
         recipe = load_recipe(Path(meta["run_dir"]) / "recipe.resolved.yaml", overrides)
@@ -188,9 +189,6 @@ CamMaker = Callable[[list[dict[str, Any]]], list[Image.Image]]
 def model_cams(results: Results, images: SampleImages, device: torch.device) -> CamMaker:
     """Grad-CAM overlays (of each row's predicted class) by the model the table came from: its run
     directory, or the pretrained model it names."""
-    from inceptionlab.infer.explain import Explainer, overlay
-    from inceptionlab.models.registry import load_pretrained_model, load_run_model
-
     meta = results.meta
     if meta.get("run_dir"):
         model, spec = load_run_model(Path(meta["run_dir"]), Path(meta["weights"]) if meta.get("weights") else None)
