@@ -129,7 +129,7 @@ class TrainConfig:
     epochs: int = 90
     batch_size: int = 32
     eval_batch_size: Optional[int] = None  # null: 2 x batch_size (no activations kept for backward)
-    # auto: decided on this machine by probe and a short timed calibration (hardware.py), cached.
+    # auto: decided on this machine by probe and a short timed calibration (inceptionlab.hardware), cached.
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler)
     channels_last: Any = "auto"  # auto | true | false: NHWC memory format for convolutions
     compile: Any = "auto"  # auto | true | false: torch.compile the model (first steps pay the compile time)
