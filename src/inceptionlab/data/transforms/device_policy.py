@@ -1,0 +1,88 @@
+"""The device path's executor of `augment.policy` and `augment.random_erasing`: crop and flip as
+`DeviceAugment` does, then the policy and erasing batched on the device, then normalisation.
+
+The worker path runs torchvision's transforms on each uint8 crop (data/transforms/host.py); here the
+same steps run on the whole batch, in the same order:
+1. `DeviceAugment`'s RandomResizedCrop + flip (the same boxes and flips for the same generator as
+   without a policy), as 0..255 floats, rounded to uint8 levels: the worker path's uint8 crop, within
+   the one level the resampling already differs by (device.py);
+2. the policy (`BatchPolicy` draws, device_ops.py applies: one call per operation drawn in the batch);
+3. erasing to the mean colour's uint8 level (policies.mean_levels);
+4. normalisation to the model's dtype and memory format.
+Steps 2-3 draw on the host from a generator seeded from the batch's own generator seed (the loaders
+seed it from (seed, epoch, rank, batch)), so a resumed run draws what an uninterrupted one draws.
+
+Cost: the crop is normalised at the output size instead of the source size, and one pass per
+operation; benchmarks/augment_cost.py measures it beside a 299 px Inception v3 step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from inceptionlab.data.transforms.device import DeviceAugment
+from inceptionlab.data.transforms.device_ops import OPS
+from inceptionlab.data.transforms.policies import BatchPolicy, ErasingBoxes, derived_seed, mean_levels, sample_erasing
+
+
+def apply_rounds(images: torch.Tensor, policy: BatchPolicy, generator: torch.Generator) -> torch.Tensor:
+    """Draw the policy for every image of a uint8 batch and apply it, one batched call per operation."""
+    n, _, height, width = images.shape
+    images = images.clone()
+    for step in policy.draw(n, height, width, generator):
+        for name in sorted(set(step.ops) - {"Identity"}):
+            rows = [k for k, op in enumerate(step.ops) if op == name]
+            index = torch.tensor(rows, device=images.device)
+            images[index] = OPS[name](images[index], step.magnitudes[rows], policy.interpolation)
+    return images
+
+
+def erase(images: torch.Tensor, boxes: ErasingBoxes, fill: torch.Tensor) -> torch.Tensor:
+    """Set each chosen box of a (N, C, H, W) batch to `fill` (C,) (torchvision's `F.erase`, batched)."""
+    device = images.device
+    on = lambda t: t.to(device, non_blocking=True).view(-1, 1, 1, 1)  # noqa: E731
+    rows = torch.arange(images.shape[-2], device=device).view(1, 1, -1, 1)
+    cols = torch.arange(images.shape[-1], device=device).view(1, 1, 1, -1)
+    top, left = on(boxes.top), on(boxes.left)
+    inside = ((rows >= top) & (rows < top + on(boxes.height)) & (cols >= left) & (cols < left + on(boxes.width))
+              & on(boxes.erase))
+    return torch.where(inside, fill.to(device=device, dtype=images.dtype).view(1, -1, 1, 1), images)
+
+
+@dataclass
+class PolicyAugment:
+    """`DeviceAugment`'s training call with a policy and/or erasing after the crop; the same signature,
+    so the resident and stream loaders need not know."""
+
+    crop: DeviceAugment  # the training augmentation the loader would use without a policy
+    policy: BatchPolicy | None = None
+    random_erasing: float = 0.0
+    _raw: DeviceAugment = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        channels = len(self.crop.mean)
+        # Mean 0 and std 1/255 make the crop's normalisation the identity: its output is pixel values.
+        self._raw = replace(self.crop, mean=(0.0,) * channels, std=(1.0 / 255.0,) * channels,
+                            dtype=torch.float32, channels_last=False)
+
+    def __call__(self, images: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        if generator is None:
+            raise ValueError("training augmentation needs a torch.Generator")
+        pixels = self._raw(images, heights, widths, generator).round_().clamp_(0, 255).to(torch.uint8)
+        host = torch.Generator().manual_seed(derived_seed("augment", generator.initial_seed()))
+        if self.policy is not None:
+            pixels = apply_rounds(pixels, self.policy, host)
+        if self.random_erasing > 0:
+            n, _, height, width = pixels.shape
+            boxes = sample_erasing(n, height, width, self.random_erasing, host)
+            pixels = erase(pixels, boxes, torch.tensor(mean_levels(self.crop.mean)))
+        return self._normalise(pixels)
+
+    def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:
+        mean = torch.tensor(self.crop.mean, device=pixels.device).view(1, -1, 1, 1) * 255.0
+        inv_std = 1.0 / (torch.tensor(self.crop.std, device=pixels.device).view(1, -1, 1, 1) * 255.0)
+        layout = torch.channels_last if self.crop.channels_last else torch.contiguous_format
+        return ((pixels.float() - mean) * inv_std).to(self.crop.dtype).contiguous(memory_format=layout)
