@@ -48,24 +48,16 @@ EMA_DECAY = 0.9998  # timm's ModelEmaV3 default; the cost does not depend on it
 
 
 def project_ema(model: torch.nn.Module) -> Callable[[], None] | None:
-    """One update of the project's EMA (engine/ema.py), or None where that module does not exist yet."""
+    """One update of the project's EMA (engine/ema.py: `ModelEma(model, EmaConfig)`), or None where this
+    tree has none yet."""
     try:
-        from inceptionlab.engine import ema  # written beside this benchmark; absent in older trees
+        from inceptionlab.config import EmaConfig
+        from inceptionlab.engine.ema import ModelEma
     except ImportError:
         return None
-    for name in ("ModelEma", "Ema", "EMA", "WeightEma"):
-        cls = getattr(ema, name, None)
-        if cls is not None:
-            averaged = cls(model, EMA_DECAY) if _takes_decay(cls) else cls(model)
-            update = getattr(averaged, "update", None) or getattr(averaged, "update_parameters")
-            return lambda: update(model)
-    return None
-
-
-def _takes_decay(cls: type) -> bool:
-    import inspect
-
-    return len(inspect.signature(cls).parameters) >= 2
+    averaged = ModelEma(model, EmaConfig(decay=EMA_DECAY))
+    averaged.update(model)  # the first update copies; the rest average, as every later step does
+    return lambda: averaged.update(model)
 
 
 def swa_utils_ema(model: torch.nn.Module) -> Callable[[], None]:
@@ -81,7 +73,7 @@ def ema_update(model: torch.nn.Module, which: str) -> tuple[Callable[[], None], 
         if update is not None:
             return update, "engine/ema.py"
         if which == "project":
-            raise SystemExit("--ema project: inceptionlab.engine.ema has no EMA class here (ModelEma, Ema, EMA)")
+            raise SystemExit("--ema project: this tree has no inceptionlab.engine.ema.ModelEma")
     return swa_utils_ema(model), "swa_utils.AveragedModel (stand-in)"
 
 

@@ -326,3 +326,12 @@ def test_worker_path_runs_torchvisions_transforms_in_the_recipes_order():
     assert [type(s).__name__ for s in train_transform(data, AugmentConfig()).transforms][-1] == "RandomHorizontalFlip"
     out = v2.Compose(steps)(torch.randint(0, 256, (3, 80, 90), dtype=torch.uint8))
     assert out.dtype == torch.uint8 and out.shape == (3, 64, 64)
+
+
+def test_per_image_and_whole_batch_execution_give_the_same_bytes():
+    """A CPU applies each operation one image at a time (cache), a GPU to all that drew it at once."""
+    images = noise_and_smooth_images(24, 33, 29, seed=10)
+    policy = batch_policy(AugmentConfig(policy="trivialaugment"))
+    one_by_one = apply_rounds(images, policy, torch.Generator().manual_seed(4), per_image=True)
+    together = apply_rounds(images, policy, torch.Generator().manual_seed(4), per_image=False)
+    assert torch.equal(one_by_one, together) and not torch.equal(together, images)

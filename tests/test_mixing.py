@@ -4,7 +4,11 @@ bit-exact resume with augmentation on."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -288,3 +292,24 @@ def test_training_with_augmentation_resumes_bit_exactly(loader, tmp_path):
     resumed = fit(small_recipe_for(data, *extra), tmp_path / "b", stopped.run_dir, progress=False)
     a, b = state_of(straight.run_dir / "model.pt"), state_of(resumed.run_dir / "model.pt")
     assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+@pytest.mark.slow  # torchrun, two processes: 90 s on a busy 2-core machine
+def test_two_process_ddp_training_with_augmentation_on_the_device_path(tmp_path):
+    """torchrun, 2 ranks on gloo: a policy, erasing and MixUp/CutMix on the resident path train (each
+    rank's draws carry its rank: test_draws_are_a_function_of_seed_epoch_rank_step...)."""
+    data = make_image_folder(tmp_path / "data", train_per_class=4, val_per_class=1, size=24)
+    sets = ["model.name=cifar10_cnn", "model.weights=null", "data.train_crop_size=32", "data.val_resize_size=32",
+            "data.val_crop_size=32", "data.num_workers=0", "data.loader=resident", "train.batch_size=3",
+            "train.epochs=2", *AUGMENTED[:-1]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "inceptionlab",
+           "train", "inception_v3/imagefolder", "--data", str(data), "--out", str(tmp_path / "runs"), "--no-progress",
+           "--json", *[x for item in sets for x in ("--set", item)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs").glob("inception_v3/imagefolder/*")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and all(math.isfinite(r["train_loss"]) for r in rows)
+    resolved = (run / "recipe.resolved.yaml").read_text()
+    assert "policy: trivialaugment" in resolved and "cutmix_alpha: 1.0" in resolved

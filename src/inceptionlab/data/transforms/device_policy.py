@@ -27,15 +27,26 @@ from inceptionlab.data.transforms.device_ops import OPS
 from inceptionlab.data.transforms.policies import BatchPolicy, ErasingBoxes, derived_seed, mean_levels, sample_erasing
 
 
-def apply_rounds(images: torch.Tensor, policy: BatchPolicy, generator: torch.Generator) -> torch.Tensor:
-    """Draw the policy for every image of a uint8 batch and apply it, one batched call per operation."""
+def apply_rounds(images: torch.Tensor, policy: BatchPolicy, generator: torch.Generator,
+                 per_image: bool | None = None) -> torch.Tensor:
+    """Draw the policy for every image of a uint8 batch and apply it: per operation, one call for all the
+    images that drew it on a GPU; one call per image on a CPU (`per_image`, default: the device is a CPU).
+
+    Why per image on a CPU: each operation makes a few passes over its input (a float copy, a blend,
+    a clamp), and one 299 px image (268 KB as uint8, 1 MB as float) stays in cache through them while a
+    batch streams through memory on every pass. 16 images of 299 px, one call against 16 (best of 3,
+    a shared 2-core AMD EPYC at load 13, one run): Color 249 vs 69 ms, Contrast 181 vs 51, Sharpness 442
+    vs 124, Equalize 232 vs 148; the geometric ones (~25 ms per image, grid_sample) about even.
+    """
     n, _, height, width = images.shape
     images = images.clone()
+    per_image = images.device.type == "cpu" if per_image is None else per_image
     for step in policy.draw(n, height, width, generator):
         for name in sorted(set(step.ops) - {"Identity"}):
             rows = [k for k, op in enumerate(step.ops) if op == name]
-            index = torch.tensor(rows, device=images.device)
-            images[index] = OPS[name](images[index], step.magnitudes[rows], policy.interpolation)
+            for group in ([k] for k in rows) if per_image else [rows]:
+                index = torch.tensor(group, device=images.device)
+                images[index] = OPS[name](images[index], step.magnitudes[group], policy.interpolation)
     return images
 
 

@@ -3,8 +3,9 @@ batch at once on the host.
 
 TrivialAugmentWide, RandAugment and AutoAugment (torchvision.transforms.v2) draw, per image, which
 operations run and with which signed magnitude; `BatchPolicy.draw` makes the same draws for N images
-at once, from torchvision's own tables (the classes' augmentation spaces and AutoAugment's learned
-sub-policies), so the two paths cannot drift apart. tests/test_device_policy.py checks the draws'
+at once, from torchvision's own tables (the classes' `_AUGMENTATION_SPACE` and AutoAugment's
+`_policies`: private attributes, read rather than copied so the two paths cannot drift apart; the
+distribution tests fail loudly if torchvision reshapes them). tests/test_device_policy.py checks the draws'
 distribution against torchvision's classes with a chi-square test, and that the test rejects a
 policy drawn slightly wrong.
 
