@@ -3,10 +3,12 @@ its own magnitude: torchvision's per-image results, computed in one call per ope
 
 torchvision's functional kernels take one magnitude per call (`adjust_brightness(image, 1.3)`), so a
 batch whose samples drew different magnitudes would cost one call per sample. Where a kernel has no
-parameter (AutoContrast, Equalize, Invert) torchvision's own runs on the whole sub-batch; the others
-are written here with per-sample tensors in place of torchvision's scalars, the same arithmetic in the
-same order, and tests/test_device_policy.py checks each against torchvision image by image:
-- Posterize, Solarize, the geometric ones (ShearX/Y, TranslateX/Y, Rotate: one `grid_sample` with a
+parameter and runs on a batch without a device sync (Equalize, Invert, the grayscale) torchvision's own
+runs on the sub-batch; the others are written here with per-sample tensors in place of torchvision's
+scalars (AutoContrast: with `torch.where` in place of its boolean-mask assignments), the same
+arithmetic in the same order, and tests/test_device_policy.py checks each against torchvision image
+by image:
+- Posterize, Solarize, AutoContrast, the geometric ones (ShearX/Y, TranslateX/Y, Rotate: one `grid_sample` with a
   grid per sample, built as torchvision's `_affine_grid` builds one) give torchvision's bytes exactly;
 - Brightness, Color (saturation), Contrast and Sharpness blend in float32 and truncate to uint8 as
   torchvision does: its bytes on the AMD EPYC (AVX2) this was written on; where another device's
@@ -31,10 +33,19 @@ BOUND = 255.0  # uint8's largest value (torchvision's _max_value(torch.uint8))
 Op = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 
+def to_device(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without making it wait: on a GPU a copy from pageable memory first
+    waits for all the work queued before it (a sync per call, per operation here); from pinned memory
+    (torch's caching host allocator: no new allocation per call) it is queued like a kernel."""
+    if device.type != "cuda" or values.device == device:
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)
+
+
 def _per_sample(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """(N,) host values as float32 (N, 1, 1, 1) on `like`'s device (the Python float -> float32 cast
     torchvision's scalar arguments get inside a kernel)."""
-    return values.to(torch.float32).view(-1, 1, 1, 1).to(like.device, non_blocking=True)
+    return to_device(values.to(torch.float32).view(-1, 1, 1, 1), like.device)
 
 
 def _blend(image: torch.Tensor, other: torch.Tensor, ratio: torch.Tensor) -> torch.Tensor:
@@ -76,7 +87,7 @@ def sharpness(images: torch.Tensor, magnitudes: torch.Tensor, interpolation: str
     if height <= 2 or width <= 2:
         return images.clone()
     a, b = 1.0 / 13.0, 5.0 / 13.0
-    kernel = torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32, device=images.device)
+    kernel = to_device(torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32), images.device)
     output = images.to(torch.float32, copy=True)
     blurred = F.conv2d(output, kernel.expand(channels, 1, 3, 3), groups=channels).round_()
     view = output[..., 1:-1, 1:-1]
@@ -88,7 +99,7 @@ def posterize(images: torch.Tensor, magnitudes: torch.Tensor, interpolation: str
     """posterize(image, bits=int(magnitude)): keep the top `bits` bits of every byte."""
     bits = magnitudes.to(torch.int64).clamp(0, 8)
     masks = ((1 << bits) - 1) << (8 - bits)  # bits = 8: 0xFF, the image unchanged as torchvision returns it
-    return images & masks.to(torch.uint8).view(-1, 1, 1, 1).to(images.device, non_blocking=True)
+    return images & to_device(masks.to(torch.uint8).view(-1, 1, 1, 1), images.device)
 
 
 def solarize(images: torch.Tensor, magnitudes: torch.Tensor, interpolation: str) -> torch.Tensor:
@@ -98,7 +109,16 @@ def solarize(images: torch.Tensor, magnitudes: torch.Tensor, interpolation: str)
 
 
 def autocontrast(images: torch.Tensor, magnitudes: torch.Tensor, interpolation: str) -> torch.Tensor:
-    return TF.autocontrast(images)  # per image and channel already: torchvision's kernel on the sub-batch
+    """autocontrast(image): each channel stretched from its min..max to 0..255 (a flat channel kept).
+    torchvision's kernel, with `torch.where` for its boolean-mask assignments, which on a GPU ask the
+    device how many elements they select (a sync per call)."""
+    pixels = images.float()
+    minimum = pixels.amin(dim=(-2, -1), keepdim=True)
+    maximum = pixels.amax(dim=(-2, -1), keepdim=True)
+    flat = maximum == minimum
+    inv_scale = torch.where(flat, 1.0, (maximum - minimum).mul_(1.0 / BOUND))
+    minimum = torch.where(flat, 0.0, minimum)
+    return pixels.sub_(minimum).div_(inv_scale).clamp_(0, BOUND).to(torch.uint8)
 
 
 def equalize(images: torch.Tensor, magnitudes: torch.Tensor, interpolation: str) -> torch.Tensor:
@@ -140,12 +160,12 @@ def _warp(images: torch.Tensor, matrices: list[list[float]], interpolation: str)
     matrix per sample: the same base grid, the same float32 product, one `grid_sample` for all."""
     n, _, height, width = images.shape
     device = images.device
-    theta = torch.tensor(matrices, dtype=torch.float32).view(n, 2, 3).to(device, non_blocking=True)
+    theta = to_device(torch.tensor(matrices, dtype=torch.float32).view(n, 2, 3), device)
     base = torch.empty(1, height, width, 3, dtype=torch.float32, device=device)
     base[..., 0].copy_(torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width, device=device))
     base[..., 1].copy_(torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, steps=height, device=device).unsqueeze_(-1))
     base[..., 2].fill_(1)
-    rescaled = theta.transpose(1, 2).div_(torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32, device=device))
+    rescaled = theta.transpose(1, 2).div_(to_device(torch.tensor([0.5 * width, 0.5 * height], dtype=torch.float32), device))
     grid = base.view(1, height * width, 3).expand(n, -1, -1).bmm(rescaled).view(n, height, width, 2)
     warped = F.grid_sample(images.float(), grid, mode=interpolation, padding_mode="zeros", align_corners=False)
     return warped.round_().to(torch.uint8)
@@ -196,10 +216,10 @@ def rotate(images: torch.Tensor, magnitudes: torch.Tensor, interpolation: str) -
     for turns in set(quarter_turns.values()):
         rows = [k for k, angle in enumerate(angles) if quarter_turns.get(angle) == turns]
         if rows:
-            index = torch.tensor(rows, device=images.device)
+            index = to_device(torch.tensor(rows), images.device)
             out[index] = torch.rot90(images[index], k=turns, dims=(-2, -1))
     if warped:
-        index = torch.tensor(warped, device=images.device)
+        index = to_device(torch.tensor(warped), images.device)
         matrices = [inverse_affine_matrix((0.0, 0.0), -angles[k], (0.0, 0.0), (0.0, 0.0)) for k in warped]
         out[index] = _warp(images[index], matrices, interpolation)
     return out

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from inceptionlab.data.transforms.device import DeviceAugment
-from inceptionlab.data.transforms.device_ops import OPS
+from inceptionlab.data.transforms.device_ops import OPS, to_device
 from inceptionlab.data.transforms.policies import BatchPolicy, ErasingBoxes, derived_seed, mean_levels, sample_erasing
 
 
@@ -45,7 +45,7 @@ def apply_rounds(images: torch.Tensor, policy: BatchPolicy, generator: torch.Gen
         for name in sorted(set(step.ops) - {"Identity"}):
             rows = [k for k, op in enumerate(step.ops) if op == name]
             for group in ([k] for k in rows) if per_image else [rows]:
-                index = torch.tensor(group, device=images.device)
+                index = to_device(torch.tensor(group), images.device)
                 images[index] = OPS[name](images[index], step.magnitudes[group], policy.interpolation)
     return images
 
@@ -53,13 +53,13 @@ def apply_rounds(images: torch.Tensor, policy: BatchPolicy, generator: torch.Gen
 def erase(images: torch.Tensor, boxes: ErasingBoxes, fill: torch.Tensor) -> torch.Tensor:
     """Set each chosen box of a (N, C, H, W) batch to `fill` (C,) (torchvision's `F.erase`, batched)."""
     device = images.device
-    on = lambda t: t.to(device, non_blocking=True).view(-1, 1, 1, 1)  # noqa: E731
+    on = lambda t: to_device(t, device).view(-1, 1, 1, 1)  # noqa: E731
     rows = torch.arange(images.shape[-2], device=device).view(1, 1, -1, 1)
     cols = torch.arange(images.shape[-1], device=device).view(1, 1, 1, -1)
     top, left = on(boxes.top), on(boxes.left)
     inside = ((rows >= top) & (rows < top + on(boxes.height)) & (cols >= left) & (cols < left + on(boxes.width))
               & on(boxes.erase))
-    return torch.where(inside, fill.to(device=device, dtype=images.dtype).view(1, -1, 1, 1), images)
+    return torch.where(inside, to_device(fill.to(images.dtype), device).view(1, -1, 1, 1), images)
 
 
 @dataclass
@@ -71,6 +71,10 @@ class PolicyAugment:
     policy: BatchPolicy | None = None
     random_erasing: float = 0.0
     _raw: DeviceAugment = field(init=False, repr=False)
+    # The fill and normalisation constants per device, made once (a tensor from Python numbers on a GPU is
+    # a blocking copy): (fill levels (C,) uint8, mean x 255, 1 / (std x 255)).
+    _constants: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         channels = len(self.crop.mean)
@@ -86,14 +90,17 @@ class PolicyAugment:
         host = torch.Generator().manual_seed(derived_seed("augment", generator.initial_seed()))
         if self.policy is not None:
             pixels = apply_rounds(pixels, self.policy, host)
+        fill, mean, inv_std = self.constants(pixels.device)
         if self.random_erasing > 0:
             n, _, height, width = pixels.shape
-            boxes = sample_erasing(n, height, width, self.random_erasing, host)
-            pixels = erase(pixels, boxes, torch.tensor(mean_levels(self.crop.mean)))
-        return self._normalise(pixels)
-
-    def _normalise(self, pixels: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(self.crop.mean, device=pixels.device).view(1, -1, 1, 1) * 255.0
-        inv_std = 1.0 / (torch.tensor(self.crop.std, device=pixels.device).view(1, -1, 1, 1) * 255.0)
+            pixels = erase(pixels, sample_erasing(n, height, width, self.random_erasing, host), fill)
         layout = torch.channels_last if self.crop.channels_last else torch.contiguous_format
         return ((pixels.float() - mean) * inv_std).to(self.crop.dtype).contiguous(memory_format=layout)
+
+    def constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if device not in self._constants:
+            fill = torch.tensor(mean_levels(self.crop.mean)).to(torch.uint8)
+            mean = torch.tensor(self.crop.mean, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
+            inv_std = 1.0 / (torch.tensor(self.crop.std, dtype=torch.float32).view(1, -1, 1, 1) * 255.0)
+            self._constants[device] = (fill.to(device), mean.to(device), inv_std.to(device))
+        return self._constants[device]
