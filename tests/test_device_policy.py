@@ -335,3 +335,34 @@ def test_per_image_and_whole_batch_execution_give_the_same_bytes():
     one_by_one = apply_rounds(images, policy, torch.Generator().manual_seed(4), per_image=True)
     together = apply_rounds(images, policy, torch.Generator().manual_seed(4), per_image=False)
     assert torch.equal(one_by_one, together) and not torch.equal(together, images)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+@pytest.mark.parametrize("policy", ["trivialaugment", "randaugment", "autoaugment"])
+def test_the_device_step_on_a_gpu_waits_for_nothing_and_matches_the_cpu(policy):
+    """On a GPU: no call in the step makes the host wait for the device (sync debug mode raises on
+    one), and the bytes after the policy equal the CPU's (within one level: GPU kernels round blends
+    their own way; the geometric ones may pick another neighbour where a coordinate is a tie)."""
+    device = torch.device("cuda")
+    sources = noise_and_smooth_images(16, 64, 64, seed=12)
+    sizes = torch.full((16,), 64)
+    crop = DeviceAugment(96, MEAN, STD, hflip=True)
+    augment = PolicyAugment(crop, batch_policy(AugmentConfig(policy=policy)), 0.5)
+    cpu = augment(sources, sizes, sizes, torch.Generator().manual_seed(3))
+    on_device = sources.to(device), sizes.to(device), sizes.to(device)
+    augment(*on_device, torch.Generator(device=device).manual_seed(3))  # first call: constants, kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gpu = augment(*on_device, torch.Generator(device=device).manual_seed(3))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert gpu.shape == cpu.shape and gpu.device.type == "cuda"
+    # The crops' draws come from each device's own generator, so compare the policy alone on one crop:
+    pixels = noise_and_smooth_images(16, 48, 48, seed=13)
+    rounds = batch_policy(AugmentConfig(policy=policy))
+    on_cpu = apply_rounds(pixels, rounds, torch.Generator().manual_seed(5))
+    on_gpu = apply_rounds(pixels.to(device), rounds, torch.Generator().manual_seed(5)).cpu()
+    difference = (on_cpu.int() - on_gpu.int()).abs()
+    assert float((difference > 1).float().mean()) < 1e-3
