@@ -175,7 +175,8 @@ def check_lines(cases: list[dict[str, str]]) -> list[dict[str, Any]]:
     rows = []
     for keyword, what in CHECKS.items():
         named = [case for case in cases if keyword in case["id"].lower()]
-        counts = {outcome: sum(case["outcome"] == outcome for case in named) for outcome in ("passed", "failed", "skipped")}
+        counts = {outcome: sum(case["outcome"] == outcome for case in named)
+                  for outcome in ("passed", "failed", "skipped")}
         rows.append({"check": what, "keyword": keyword, **counts,
                      "verdict": "no test yet" if not named else "failed" if counts["failed"]
                      else "passed" if counts["passed"] else "skipped"})
@@ -337,16 +338,19 @@ def plan(machine: Machine, data: Path, work: Path, dry_run: bool = False) -> lis
               "--epochs", "2", "--workers", str(workers), "--json"], result_rows("train_end_to_end"), env=results,
              skip=None if data.is_dir() else f"no tiny-imagenet at {data} (`make gpu-wheels` packs a subset into "
                                              ".gpu-data; or --data)"),
-        *[pytest_part(name, title, ["-m", "gpu", "-k", keyword], work) for name, (keyword, title) in NAMED_TESTS.items()],
+        *[pytest_part(name, title, ["-m", "gpu", "-k", keyword], work)
+          for name, (keyword, title) in NAMED_TESTS.items()],
         Part("calibration", "the calibration of a long Inception v3 run, compile candidates included, end to end",
-             [py, str(BENCHMARKS / "calibration_time.py"), "--device", "cuda", "--recipe", "inception_v3/tiny_imagenet"],
+             [py, str(BENCHMARKS / "calibration_time.py"), "--device", "cuda",
+              "--recipe", "inception_v3/tiny_imagenet"],
              parse_calibration),
-        pytest_part("gpu-tests", "the other GPU-marked tests", ["-m", "gpu", *(["-k", f"not ({named})"] if named else [])],
-                    work),
+        pytest_part("gpu-tests", "the other GPU-marked tests",
+                    ["-m", "gpu", *(["-k", f"not ({named})"] if named else [])], work),
         Part("bench", "inceptionlab bench: eager and torch.compile, fp32 and fp16, batch 32",
              [py, "-m", "inceptionlab", "bench", "--model", "inception_v3", "--weights", "random", "--device", "cuda",
               "--backend", "eager,compile", "--precision", "fp32,fp16", "--layout", "channels_last", "--batch", "32",
-              "--iters", "30", "--warmup", "5", "--out", str(work / "bench"), "--no-plot", "--json"], bench_parse("bench")),
+              "--iters", "30", "--warmup", "5", "--out", str(work / "bench"), "--no-plot", "--json"],
+             bench_parse("bench")),
         Part("bench-ort", f"inceptionlab bench: ONNX Runtime's {ort or 'GPU'} provider, fp16",
              [py, "-m", "inceptionlab", "bench", "--model", "inception_v3", "--weights", "random", "--device", "cuda",
               "--backend", "onnxruntime", "--provider", ort or "cuda", "--precision", "fp16", "--batch", "1,32",
@@ -356,8 +360,9 @@ def plan(machine: Machine, data: Path, work: Path, dry_run: bool = False) -> lis
                                    "onnxruntime-gpu for CUDA/TensorRT, onnxruntime-migraphx for ROCm)"),
         Part("serve", f"serve sweep: eager fp16 over HTTP, {' and '.join(serve_plans)}",
              [py, str(BENCHMARKS / "serve.py"), "--backend", "eager", "--precision", "fp16", "--configs",
-              ",".join(serve_plans), "--protocols", "http", "--duration", "2", "--max-steps", "3", "--min-requests", "20",
-              "--bench-iters", "10", "--out", str(work / "serve")], result_rows("serve"), env=results,
+              ",".join(serve_plans), "--protocols", "http", "--duration", "2", "--max-steps", "3",
+              "--min-requests", "20", "--bench-iters", "10", "--out", str(work / "serve")], result_rows("serve"),
+             env=results,
              needs={"fastapi": "serve", "uvicorn": "serve", "multipart": "serve", "grpc_health": "serve",
                     "httpx": "loadtest"}),
     ]
@@ -559,7 +564,7 @@ class Report:
         if not self.machine.gpu:
             note = ("No GPU visible to torch: the doctor ran, the other parts were checked as a GPU machine would "
                     "run them." if self.dry_run else
-                    f"No GPU visible to torch: the doctor ran, the GPU parts were skipped.")
+                    "No GPU visible to torch: the doctor ran, the GPU parts were skipped.")
         else:
             note = f"GPUs: {', '.join(self.machine.gpus)}."
         if self.dry_run:

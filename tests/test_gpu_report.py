@@ -25,8 +25,8 @@ import gpu_report  # noqa: E402
 PARTS = ["doctor", "train", "sync-debug", "calibration", "gpu-tests", "bench", "bench-ort", "serve"]
 # The GPU machine's image: an H100 with the CPU-only onnxruntime (tools/gpu_image.toml).
 IMAGE = gpu_report.Machine(["Fake H100"], rocm=False, cpus=16, providers=["CPUExecutionProvider"])
-NVIDIA_TRT = gpu_report.Machine(["Fake H100"], rocm=False, cpus=16,
-                                providers=["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
+NVIDIA_TRT = gpu_report.Machine(["Fake H100"], rocm=False, cpus=16, providers=[
+    "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])
 AMD = gpu_report.Machine(["Fake MI300X"], rocm=True, cpus=16, providers=["MIGraphXExecutionProvider"])
 CPU = gpu_report.Machine([], rocm=False, cpus=2, providers=["CPUExecutionProvider"])
 
@@ -79,7 +79,8 @@ def test_onnx_runtimes_gpu_provider_is_benched_where_installed(tmp_path):
 
 
 def test_without_a_gpu_the_gpu_parts_are_skipped_but_a_dry_run_checks_them(tmp_path):
-    real, dry = by_name(gpu_report.plan(CPU, tmp_path, tmp_path)), by_name(gpu_report.plan(CPU, tmp_path, tmp_path, True))
+    real = by_name(gpu_report.plan(CPU, tmp_path, tmp_path))
+    dry = by_name(gpu_report.plan(CPU, tmp_path, tmp_path, dry_run=True))
 
     assert {name: part.skip for name, part in real.items() if name not in ("doctor", "bench-ort")} == {
         name: "no GPU visible to torch" for name in PARTS if name not in ("doctor", "bench-ort")}
@@ -267,7 +268,8 @@ def test_a_bench_part_says_whether_every_row_ran_with_the_same_cudnn_settings(tm
     other = {"env": {"gpu_settings": {"cudnn_benchmark": False, "fp32_precision": "tf32"}}}
     with open(folder / "results.jsonl", "a") as file:
         file.write(json.dumps({**line, **other}) + "\n")
-    assert gpu_report.cudnn_settings(tmp_path / "bench")["verdict"] == "cuDNN settings DIFFER between rows (2 kinds in 3 rows)"
+    assert (gpu_report.cudnn_settings(tmp_path / "bench")["verdict"]
+            == "cuDNN settings DIFFER between rows (2 kinds in 3 rows)")
     (folder / "results.jsonl").write_text(json.dumps(line) + "\n")
     assert gpu_report.cudnn_settings(tmp_path / "bench")["verdict"] == "cuDNN settings: not recorded in the rows"
 

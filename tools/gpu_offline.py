@@ -24,9 +24,7 @@ import argparse
 import email.parser
 import json
 import os
-import re
 import shutil
-import site
 import subprocess
 import sys
 import tempfile
@@ -245,7 +243,8 @@ def collect(wanted: Iterable[tuple[str, str]], image: Image, fetch: Fetch,
             house.not_pure.add(name)
             continue
         first.fallback = in_image
-        house.wheels[name] = [first] + [Wheel.read(fetch(f"{name}=={version}")) for version in (also or {}).get(name, ())]
+        older = [Wheel.read(fetch(f"{name}=={version}")) for version in (also or {}).get(name, ())]
+        house.wheels[name] = [first, *older]
         first.needed_by.append(why)
         for wheel in house.wheels[name]:
             queue.extend((dep, wheel.name) for dep in wheel.requires if _applies(dep, requirement.extras, image))
@@ -495,9 +494,10 @@ def report(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     left = args.time_limit - (time.monotonic() - started)
+    dataset = args.data / "tiny-imagenet-200"
     command = [str(python), str(REPO / "benchmarks" / "gpu_report.py"), "--out", str(out), "--work", str(work),
                "--install-record", str(work / "install.json"), "--budget-s", f"{left - 15:.0f}",
-               *(["--data", str(args.data / "tiny-imagenet-200")] if (args.data / "tiny-imagenet-200").is_dir() else []),
+               *(["--data", str(dataset)] if dataset.is_dir() else []),
                *(["--dry-run"] if args.dry_run else [])]
     print("$ " + " ".join(command), flush=True)
     return subprocess.run(command, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=REPO).returncode

@@ -38,6 +38,20 @@ REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / "tools" / "torch_api.json"
 ROOTS = ("torch", "torchvision")
 SCANNED = ("src", "benchmarks", "tests", "tools")
+# Recorded whether or not the code walks through them yet: objects that are not modules (so the module
+# sweep misses them) and that GPU work reaches for, such as the fp32_precision settings of torch >= 2.9.
+ALSO_RECORDED = ("torch.Tensor", "torch.nn.Module", "torch.backends", "torch.backends.cuda.matmul",
+                 "torch.backends.cudnn.conv", "torch.backends.cudnn.rnn", "torch.backends.mkldnn.matmul",
+                 "torch.backends.mkldnn.conv", "torch.backends.mkldnn.rnn", "torch._dynamo", "torch._dynamo.config",
+                 "torch._inductor", "torch._inductor.config", "torch.compiler", "torch.amp", "torch.cuda.amp",
+                 "torch.accelerator", "torch.cuda.memory", "torch.cuda.graphs", "torch.utils.data.DataLoader",
+                 "torch.distributed.checkpoint", "torch.export", "torch.onnx")
+# Settings objects answer names through __getattr__ that dir() does not list (torch 2.11's
+# torch.backends.cudnn.conv lists only 'backend' and 'op'): these are tried on each such object.
+PROBED = ("fp32_precision", "allow_tf32", "allow_fp16_reduced_precision_reduction",
+          "allow_bf16_reduced_precision_reduction", "allow_fp16_accumulation", "benchmark", "benchmark_limit",
+          "deterministic", "enabled", "verbose", "cufft_plan_cache", "preferred_linalg_library", "preferred_blas_library",
+          "math_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled")
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,7 @@ class Problem:
 def check(uses: Iterable[Use], guarded: dict[str, set[str]], record: dict) -> list[Problem]:
     """The uses whose chain takes a step that the record says does not exist, or has not seen."""
     names = {prefix: set(listed) for prefix, listed in record["names"].items()}
+    dynamic = set(record.get("dynamic", ()))
     versions = f"torch {record['torch']} / torchvision {record['torchvision']}"
     problems = []
     for use in uses:
@@ -152,10 +167,16 @@ def check(uses: Iterable[Use], guarded: dict[str, set[str]], record: dict) -> li
                 break
             if name not in names[prefix]:
                 if name not in guarded.get(use.where.rsplit(":", 1)[0], set()):
-                    problems.append(Problem(use, f"{prefix} has no {name!r} in {versions} (the GPU image's): use "
-                                                 "what both have, or guard it with hasattr"))
+                    problems.append(Problem(use, _absent(prefix, name, versions, prefix in dynamic)))
                 break
     return problems
+
+
+def _absent(prefix: str, name: str, versions: str, dynamic: bool) -> str:
+    if dynamic:  # its names come from __getattr__: the record holds only those tried
+        return (f"{prefix} answered no {name!r} when the record of {versions} was made (it looks names up "
+                "on use: if those versions have it, add it to PROBED in tools/torch_api.py and refresh the record)")
+    return f"{prefix} has no {name!r} in {versions} (the GPU image's): use what both have, or guard it with hasattr"
 
 
 # --------------------------------------------------------------------------- generate (in a torch 2.11 venv)
@@ -172,18 +193,39 @@ def generate(uses: Iterable[Use]) -> dict:
         parts = use.chain.split(".")
         for i in range(1, len(parts)):
             used.setdefault(".".join(parts[:i]), set()).add(parts[i])
+    for prefix in ALSO_RECORDED:
+        used.setdefault(prefix, set())
     names: dict[str, set[str]] = {}
+    dynamic = []
     for prefix in sorted(used, key=lambda p: p.count(".")):
         obj = _resolve(prefix)
-        if obj is not _MISSING:
-            names[prefix] = _names_of(obj, used[prefix])
+        if obj is _MISSING:
+            continue
+        names[prefix] = _names_of(obj, used[prefix])
+        if _answers_more_than_dir(obj):
+            dynamic.append(prefix)
+            names[prefix] |= {name for name in PROBED if _has(obj, name)}
     for module_name, module in list(sys.modules.items()):
         if module_name.split(".")[0] in ROOTS and isinstance(module, types.ModuleType) and not any(
                 part.startswith("_") for part in module_name.split(".")):
             names.setdefault(module_name, set()).update(_names_of(module, used.get(module_name, set())))
     return {"torch": torch.__version__.split("+")[0], "torchvision": torchvision.__version__.split("+")[0],
             "python": ".".join(map(str, sys.version_info[:3])),
-            "names": {prefix: sorted(listed) for prefix, listed in sorted(names.items())}}
+            "dynamic": sorted(dynamic), "names": {prefix: sorted(listed) for prefix, listed in sorted(names.items())}}
+
+
+def _has(obj: object, name: str) -> bool:
+    try:
+        getattr(obj, name)
+    except Exception:  # a probe: only a name that answers counts
+        return False
+    return True
+
+
+def _answers_more_than_dir(obj: object) -> bool:
+    """A class-defined __getattr__ (not a module's): names may exist that dir() does not list."""
+    return not isinstance(obj, type) and "__getattr__" in {name for klass in type(obj).__mro__[:-1]
+                                                             for name in vars(klass)}
 
 
 _MISSING = object()
