@@ -199,3 +199,28 @@ def test_the_venv_sees_the_parent_venvs_packages_and_installs_from_the_wheels_al
     absent = gpu_offline.run_step(gpu_offline.Step("absent", [str(python), "-m", "pip", "install", "-q", "left-pad"]),
                                   gpu_offline.offline_env(wheels), tmp_path / "install.log", timeout=120)
     assert not absent.ok and "left-pad" in absent.tail  # not in the wheelhouse: no index to fall back on
+
+
+def test_pip_is_given_only_what_the_image_does_not_meet(tmp_path):
+    """pip re-checks every installed package it is handed: asking for matplotlib again would fail on an
+    image whose python-dateutil lacks its tzdata. So the package goes in without dependencies, and each
+    group asks only for what is missing."""
+    image = {"torch": "2.11.0", "torchvision": "0.26.0", "numpy": "2.5.2", "pyyaml": "6.0.2", "typer": "0.15.1",
+             "tqdm": "4.67.1", "matplotlib": "3.10.0", "tensorboard": "2.20.0", "pillow": "11.0.0",
+             "tokenizers": "0.23.2", "onnx": "1.23.1", "onnxscript": "0.7.2", "pytest": "8.3.4",
+             "httpx": "0.27.0", "prometheus-client": "0.21.0", "grpcio": "1.70.0", "protobuf": "5.29.0"}
+    python = tmp_path / "venv" / "bin" / "python"
+
+    steps = {step.name: step for step in gpu_offline.install_steps(python, gpu_offline.pyproject(),
+                                                                   version_of=lambda name: image.get(name.lower()))}
+
+    assert steps["inceptionlab"].command[-3:] == ["--no-deps", "-e", str(REPO)] and steps["inceptionlab"].required
+    assert steps["dependencies"].command[6:] == ["omegaconf>=2.3"] and steps["dependencies"].required
+    assert steps["extra onnx-export"].command == [] and steps["extra onnx-export"].met == ["onnx>=1.23", "onnxscript>=0.7"]
+    assert steps["extra serve"].command[6:] == ["fastapi>=0.115", "uvicorn>=0.30", "python-multipart>=0.0.9",
+                                                "grpcio-health-checking>=1.66"]
+    assert steps["test runner"].command[6:] == ["pytest-timeout>=2.3"] and not steps["test runner"].required
+    assert all(step.command[:6] == [str(python), "-m", "pip", "install", "-q", "--no-index"]
+               for step in steps.values() if step.command)
+    met = gpu_offline.run_step(steps["extra onnx-export"], {}, tmp_path / "log", timeout=1)
+    assert met.ok and met.tail == "met by the image: onnx>=1.23, onnxscript>=0.7"
