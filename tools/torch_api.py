@@ -50,7 +50,8 @@ ALSO_RECORDED = ("torch.Tensor", "torch.nn.Module", "torch.backends", "torch.bac
 # torch.backends.cudnn.conv lists only 'backend' and 'op'): these are tried on each such object.
 PROBED = ("fp32_precision", "allow_tf32", "allow_fp16_reduced_precision_reduction",
           "allow_bf16_reduced_precision_reduction", "allow_fp16_accumulation", "benchmark", "benchmark_limit",
-          "deterministic", "enabled", "verbose", "cufft_plan_cache", "preferred_linalg_library", "preferred_blas_library",
+          "deterministic", "enabled", "verbose", "cufft_plan_cache", "preferred_linalg_library",
+          "preferred_blas_library",
           "math_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled")
 
 
