@@ -118,7 +118,7 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Before any command imports torch: MIOpen reads its cache locations once, at load (hardware.py).
+    # Before any command imports torch: MIOpen reads its cache locations once, at load (inceptionlab.hardware).
     from inceptionlab.hardware import prepare_process_environment
     from inceptionlab.host import keep_freed_memory
 
