@@ -6,8 +6,9 @@ add up to TOTAL_BUDGET_S):
 1. `doctor`: `inceptionlab doctor --expect-gpu --json` (versions, GPUs, arch, device access, providers);
 2. `train`: Inception v3 training img/s at 299 px on the tiny-imagenet files, the guide's loop (fp32,
    batch 32, DataLoader workers) against `auto` with the resident data path (train_end_to_end.py);
-3. `sync-debug`: the GPU-marked tests named `sync_debug`: training and evaluation epochs on the
-   resident and stream paths under `torch.cuda.set_sync_debug_mode("error")` (NAMED_TESTS);
+3. `sync-debug`: the GPU-marked tests named `sync_debug` (and the augmentation step's): training and
+   evaluation epochs on the resident and stream paths under `torch.cuda.set_sync_debug_mode("error")`
+   (NAMED_TESTS);
 4. `calibration`: the speed calibration a long run makes, compile candidates included, timed end to
    end: its decision, time and the GPU memory it leaves held (calibration_time.py);
 5. `gpu-tests`: the other GPU-marked tests (`pytest -m gpu`), with a line per named check (CHECKS:
@@ -81,9 +82,10 @@ BUDGETS = {
 }
 # GPU-marked tests that get a part of their own (they run before the rest), by pytest keyword:
 # part name -> (keyword expression, title). A test is picked by its name, its module's or a marker.
+# `waits_for_nothing`: the device augmentation policy's step under sync debug mode (test_device_policy.py).
 NAMED_TESTS = {
-    "sync-debug": ("sync_debug", "training and evaluation epochs on the resident and stream paths under "
-                                 "torch.cuda.set_sync_debug_mode('error')"),
+    "sync-debug": ("sync_debug or waits_for_nothing", "training and evaluation epochs on the resident and stream "
+                   "paths, and the device augmentation step, under torch.cuda.set_sync_debug_mode('error')"),
 }
 # Checks read out of the GPU-marked tests' results, one line each: keyword -> what it shows.
 CHECKS = {
