@@ -74,9 +74,9 @@ def settle_collector() -> None:
     collection first frees start-up's garbage, and sets the collector's reference for the next full
     collection to start-up's object count: it comes only once the objects kept since then reach a
     quarter of that (CPython's rule up to 3.13; tests/test_serve_gc.py checks the behaviour on the
-    running version), which a steady server does not do. Freed tensors and request
-    objects are reference-counted as before; cycles among them are still collected by the young
-    generations. gunicorn users (before forking) and Instagram do the same.
+    running version), which a steady server does not do. Freed tensors and request objects are
+    reference-counted as before; cycles among them are still collected by the young generations.
+    gunicorn users (before forking) and Instagram do the same.
 
     The young generations keep CPython's thresholds (700, 10, 10). Counted with a gc.callbacks probe in
     a server under Poisson load (Fashion-MNIST MLP, tensors, 40 requests/s, 3 rounds alternating with a
