@@ -483,6 +483,8 @@ def parse_args(cpus: int) -> argparse.Namespace:
     unknown = [n for n in args.names if n not in configs] + [p for p in args.protocols if p not in PROTOCOLS]
     if unknown:
         parser.error(f"{','.join(unknown)}: --configs takes {', '.join(configs)}; --protocols http, grpc")
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give at least 1")
     args.config_options = configs
     return args
 
