@@ -148,6 +148,8 @@ def wait_until_ready(url: str, process: subprocess.Popen, log_file: Path) -> Non
 class Server:
     """`inceptionlab serve` in a subprocess with both front ends; a context manager that always stops it."""
 
+    own_group = False  # a process group of its own, stopped as a whole (a server that starts processes)
+
     def __init__(self, target: Target, backend: str, precision: str, extra: list[str], log_path: Path):
         self.port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -162,7 +164,8 @@ class Server:
     def __enter__(self) -> "Server":
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.handle = open(self.log, "w")
-        self.process = subprocess.Popen(self.command, stdout=self.handle, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command, stdout=self.handle, stderr=subprocess.STDOUT,
+                                        start_new_session=self.own_group)
         started = time.perf_counter()
         try:
             self._wait_ready()
@@ -197,6 +200,8 @@ class Server:
 class Peer(Server):
     """benchmarks/litserve_peer.py (LitServe + ONNX Runtime) on the target's ONNX export, in a subprocess."""
 
+    own_group = True  # LitServe runs its inference workers and its HTTP server as processes of their own
+
     def __init__(self, target: Target, onnx: Path, max_batch: int, batch_timeout_s: float, log_path: Path):
         self.port, self.grpc_port = free_port(), None
         self.url = f"http://127.0.0.1:{self.port}"
@@ -212,6 +217,13 @@ class Peer(Server):
     def served_as(self, model: str) -> dict[str, Any]:
         return {"backend": "litserve onnxruntime", "precision": "fp32", "instances": 1, "max_batch": self.max_batch,
                 "max_delay_ms": None}
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # workers that outlived their parent: its group only
+        except ProcessLookupError:
+            pass
 
 
 def export_onnx(target: Target, out: Path) -> Path:
