@@ -77,7 +77,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     splits, train_set, val_set = _read_data(recipe)
     num_classes = _num_classes(recipe, splits)
     built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
-                        **{**recipe.model.kwargs, **splits.model_kwargs})
+                        list(splits.class_names), **{**recipe.model.kwargs, **splits.model_kwargs})
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
     recipe, speed = resolve_speed_settings(recipe, built.model, task, device, _run_shape(recipe, splits, num_classes,
                                            len(train_set), dist), broadcast=_broadcaster(dist), fresh=fresh_speed,
@@ -92,7 +92,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
-    notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}",
+    notes = [*splits.notes, *(built.report or ["weights: random init (training from scratch)"]),
              speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
     return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
                            train_loader, val_loader, settings, notes, splits, test_loader, speed, threads)
