@@ -17,7 +17,7 @@ from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import any_rank, gather_from_all
+from inceptionlab.engine.distributed import any_rank, broadcast_buffers, gather_from_all
 from inceptionlab.engine.finetune import Stage, Stages
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
@@ -223,6 +223,7 @@ def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> None:
                    stage.settings)
     raw = None
     if s.ema is not None:  # the averaged weights are the run's; the trained ones are scored beside them
+        broadcast_buffers(s.ema.module, s.dist)  # every rank scores and keeps rank 0's average
         raw, val = val, evaluate(stage.view(s.ema.module), stage.val_loader, s.task, stage.settings)
     row = _epoch_row(epoch, s, result, val, r.lr or {}, raw)
     r.last = _eval_summary(epoch, s, val)

@@ -24,7 +24,7 @@ from inceptionlab.data.loading.sampler import balanced_sample_weights, class_cou
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
 from inceptionlab.engine.batch_size import resolve_batch_sizes
-from inceptionlab.engine.distributed import DistInfo, init_distributed
+from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed
 from inceptionlab.engine.ema import ModelEma
 from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
@@ -115,6 +115,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     train_loader, val_loader, test_loader = _build_loaders(recipe, splits, train_set, val_set, dist, device,
                                                            sample_weights)
     model = place_model(built.model, recipe, device)
+    broadcast_state(model, dist)  # every rank starts from rank 0's weights, whatever the first stage wraps
     parts = model_parts(model, num_classes)
     # The whole model's wrapper now only when the first epochs train it all (engine/finetune.py builds the rest).
     runner = wrap_model(model, recipe, dist, device) if recipe.finetune.freeze_epochs == 0 else model
