@@ -142,6 +142,20 @@ def test_continue_from_a_run_directory_with_other_classes(tmp_path):
     assert torch.equal(same.model.state_dict()["11.weight"], before["11.weight"])
 
 
+def test_a_plain_weights_file_keeps_its_head_for_as_many_classes_and_replaces_it_otherwise(tmp_path):
+    from inceptionlab.models.registry import build_model
+
+    torch.manual_seed(0)
+    source = torchvision.models.resnet18(num_classes=3)
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    kept = build_model("resnet18", 3, str(tmp_path / "w.pt"), class_names=["a", "b", "c"])
+    assert torch.equal(kept.model.fc.weight, source.fc.weight)
+    assert "head fc kept (3 outputs; the weights do not name their classes)" in kept.report[1]
+    fresh = build_model("resnet18", 5, str(tmp_path / "w.pt"))
+    assert fresh.model.fc.out_features == 5 and "starts new (3 classes in the weights, 5 here)" in fresh.report[1]
+    assert torch.equal(fresh.model.layer4[1].conv2.weight, source.layer4[1].conv2.weight)
+
+
 def test_weights_of_another_architecture_are_a_clear_error(tmp_path, image_folder):
     run = fit(recipe_for(image_folder, *SMALL_CNN, "train.epochs=1"), tmp_path / "runs", progress=False)
     from inceptionlab.engine.session import build_training_session

@@ -107,7 +107,8 @@ def fit_weights(model: nn.Module, source: WeightsSource, num_classes: int, class
         raise UserError(f"{source.where}: weights do not fit {name} ({len(body_missing)} tensors missing, "
                         f"{len(body_extra)} unexpected, {len(body_shape)} of another shape; first {what}: {first}); "
                         f"is it a {source.arch or 'different'} model? set model.name to the model it was trained as")
-    rows = _row_map(source, num_classes, class_names)
+    counted = next((int(source.state[f"{h}.weight"].shape[0]) for h in heads if f"{h}.weight" in source.state), None)
+    rows = _row_map(source, num_classes, class_names, counted)
     new_state, lines = {}, []
     for key, value in target.items():
         if key not in source.state:
@@ -118,7 +119,7 @@ def fit_weights(model: nn.Module, source: WeightsSource, num_classes: int, class
             new_state[key] = source.state[key]
     model.load_state_dict({**target, **new_state})
     lines.append(f"weights: {source.where}: {len(new_state)} of {len(target)} tensors loaded")
-    lines.append(_head_line(heads, rows, source, num_classes, class_names))
+    lines.append(_head_line(heads, rows, source, num_classes, class_names, counted))
     for module in aux:
         if not any(k.startswith(module + ".") for k in source.state):
             lines.append(f"weights: {module} starts new (the weights have no auxiliary head)")
@@ -128,19 +129,17 @@ def fit_weights(model: nn.Module, source: WeightsSource, num_classes: int, class
     return Fitted(len(new_state), lines)
 
 
-def _row_map(source: WeightsSource, num_classes: int, class_names: list[str] | None) -> list[int | None] | None:
-    """For each target class, the source row it takes (None: a fresh row); None for the whole head: fresh."""
+def _row_map(source: WeightsSource, num_classes: int, class_names: list[str] | None,
+             counted: int | None) -> list[int | None] | None:
+    """For each target class, the source row it takes (None: a fresh row); None for the whole head: fresh.
+    `counted`: the rows of the source's head tensor (its class count where the names are unknown)."""
     if source.class_names is not None and source.match_names and class_names is not None:
         where = {name: i for i, name in enumerate(source.class_names)}
         return [where.get(name) for name in class_names]
-    count = _source_classes(source)
-    if count == num_classes:
+    count = len(source.class_names) if source.class_names is not None else counted
+    if count == num_classes or (num_classes == 2 and counted == 1):  # a binary task's one logit
         return list(range(num_classes))
     return None
-
-
-def _source_classes(source: WeightsSource) -> int | None:
-    return len(source.class_names) if source.class_names is not None else None
 
 
 def _head_tensor(old: torch.Tensor, fresh: torch.Tensor, rows: list[int | None] | None) -> torch.Tensor:
@@ -157,10 +156,10 @@ def _head_tensor(old: torch.Tensor, fresh: torch.Tensor, rows: list[int | None] 
 
 
 def _head_line(heads: list[str], rows: list[int | None] | None, source: WeightsSource, num_classes: int,
-               class_names: list[str] | None) -> str:
+               class_names: list[str] | None, counted: int | None) -> str:
     head = ", ".join(heads)
     if rows is None:
-        count = _source_classes(source)
+        count = len(source.class_names) if source.class_names is not None else counted
         before = f"{count} classes" if count is not None else "another number of classes"
         return f"weights: head {head} starts new ({before} in the weights, {num_classes} here)"
     carried = [i for i, r in enumerate(rows) if r is not None]
