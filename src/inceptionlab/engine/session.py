@@ -180,7 +180,9 @@ def _imbalance_notes(recipe: Recipe, task: Any, targets: torch.Tensor, num_class
         notes.append(f"class weights: {float(weights.min()):.3g} to {float(weights.max()):.3g} (mean 1)"
                      if recipe.train.class_weights == "auto" else "class weights: as listed in the recipe")
     if recipe.data.sampler == "balanced":
-        notes.append(f"sampler: balanced (each class drawn in proportion to n^{1 - recipe.data.balance_power:g})")
+        power = recipe.data.balance_power
+        notes.append("sampler: balanced (" + ("every class drawn equally often" if power == 1 else
+                     f"class drawn in proportion to its count^{1 - power:g}") + ", as many draws per epoch as images)")
     return notes
 
 
