@@ -243,3 +243,17 @@ def test_resume_across_the_unfreeze_is_bit_exact(tmp_path, image_folder):
     for key in a["ema"]["weights"]:
         assert torch.equal(a["ema"]["weights"][key], b["ema"]["weights"][key]), f"ema.{key}"
     assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+
+
+@pytest.mark.parametrize("loader", ["workers", "stream"])
+def test_features_of_the_worker_and_stream_paths_score_as_the_saved_model_does(tmp_path, image_folder, loader):
+    """A linear probe on cached features (taken through the eval view of each data path): its last validation
+    loss equals `evaluate` of the saved model.pt on the same images."""
+    from inceptionlab.infer.evaluate import evaluate_run
+
+    sets = [*SMALL_CNN, f"data.loader={loader}", "train.epochs=2", "finetune.freeze_epochs=2"]
+    outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    scored = evaluate_run(outcome.run_dir, None, None, device=torch.device("cpu"), batch_size=5, num_workers=0)
+    assert scored.result["loss"] == pytest.approx(rows[-1]["val_loss"], rel=1e-4, abs=1e-5)
+    assert scored.result["top1"] == pytest.approx(rows[-1]["val_top1"])

@@ -64,6 +64,13 @@ class Stages:
         self.features: feature_cache.Features | None = None
         self._exact: bool | None = None  # the fast path's check, once per run
 
+    def feature_summary(self) -> dict[str, Any]:
+        """What the cached features cost (summary.json): seconds, images through the body, where they are."""
+        f = self.features
+        assert f is not None
+        return {"seconds": round(f.seconds, 3), "images_computed": f.images, "loaded_from_cache": f.loaded,
+                "train": len(f.train), "val": len(f.val), "dim": int(f.train.inputs.shape[1]), "cache": str(f.cached)}
+
     def kind(self, epoch: int) -> str:
         s = self.s
         if epoch >= s.recipe.finetune.freeze_epochs:

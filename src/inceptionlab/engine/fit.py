@@ -267,6 +267,7 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
         "wall_seconds": seconds,
         "skipped_files": s.skipped_files,
         **({"test": test} if test else {}),
+        **({"features": r.stages.feature_summary()} if r.stages is not None and r.stages.features else {}),
     }
     return r.artifacts.finish(s, summary)
 
