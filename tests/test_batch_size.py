@@ -105,3 +105,25 @@ def test_probe_figures_round_trip_through_the_speed_cache(tmp_path):
     cache.store(key, probe.to_figures())
     again = finder.BatchProbe.from_figures(cache.load(key))
     assert (again.chosen, again.fits, again.fails, again.peaks, again.source) == (96, 100, 112, probe.peaks, "cached")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_probing_a_real_gpu_finds_a_batch_that_trains_and_caches_it(tmp_path):
+    """resnet18 at 64 px: the found batch runs a real training step within the budget, and the second
+    call reads the cache instead of probing."""
+    from inceptionlab import hardware
+    from inceptionlab.engine.task import make_task
+    from inceptionlab.models.registry import build_model
+
+    device = torch.device("cuda")
+    recipe = load_recipe("demo/digits", ["model.name=resnet18", "model.kwargs={}", "train.batch_size=auto",
+                                         "train.precision=fp32", "train.channels_last=false", "train.compile=false"])
+    model = build_model("resnet18", 10, None).model.to(device)
+    task = make_task("multiclass", 10)
+    cache = hardware.SpeedCache(tmp_path)
+    probe = finder.probe_cuda(recipe, model, task, device, RunShape((3, 64, 64), False, 10), cache=cache)
+    assert probe.chosen >= 16 and probe.source == "measured"
+    assert probe.peaks[probe.fits] <= probe.budget_bytes
+    again = finder.probe_cuda(recipe, model, task, device, RunShape((3, 64, 64), False, 10), cache=cache)
+    assert again.source == "cached" and again.chosen == probe.chosen

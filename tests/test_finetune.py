@@ -190,6 +190,7 @@ def test_head_epochs_leave_the_body_and_its_batchnorm_statistics_bit_identical(t
     assert not torch.equal(state_of(thawed.run_dir / "model.pt")["bn1.running_mean"], start["bn1.running_mean"])
 
 
+@pytest.mark.slow  # three 2-epoch runs on 150 images
 def test_cached_features_train_the_head_as_the_frozen_body_does(tmp_path, cifar_root):
     """On in-memory data (no augmentation on either path) a linear probe on cached features ends with the
     head a probe through the frozen body gets (up to float rounding: the body ran at other batch sizes);

@@ -85,9 +85,11 @@ def plot_run(run_dir: Path) -> list[Path]:
     run_dir = Path(run_dir)
     rows = _read_rows(run_dir)
     made = [
-        plot_curves(run_dir, rows, [("train_loss", "train"), ("val_loss", "val")], "cross-entropy loss", "loss.png"),
-        plot_curves(run_dir, rows, [("train_top1", "train top-1"), ("val_top1", "val top-1"), ("val_top5", "val top-5")],
-                    "accuracy", "accuracy.png"),
+        # With EMA on, val_* are the averaged weights' and val_raw_* the trained weights' (engine/fit.py).
+        plot_curves(run_dir, rows, [("train_loss", "train"), ("val_loss", "val"), ("val_raw_loss", "val, raw weights")],
+                    "cross-entropy loss", "loss.png"),
+        plot_curves(run_dir, rows, [("train_top1", "train top-1"), ("val_top1", "val top-1"), ("val_top5", "val top-5"),
+                                    ("val_raw_top1", "val top-1, raw weights")], "accuracy", "accuracy.png"),
         plot_confusion(run_dir / "confusion.csv", run_dir / "plots" / "confusion.png"),
     ]
     return [p for p in made if p is not None]

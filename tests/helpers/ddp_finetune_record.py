@@ -3,10 +3,9 @@ rank ends with.
 
     torchrun --standalone --nproc_per_node=2 tests/helpers/ddp_finetune_record.py OUT IMAGES
 
-resnet18 (BatchNorm) on an image folder: epoch 1 trains the head on cached features (the head alone in
-a DDP wrapper), epoch 2 the head through the frozen body (feature cache off from the resume on), epoch
-3 the whole model (a new DDP wrapper), with EMA, a balanced sampler, class weights and two accumulated
-micro-batches per step. Writes OUT/rank<R>.json: sha256 of the rank's trained weights and of its average.
+resnet18 (BatchNorm) on an image folder: epochs 1-2 train the head on cached features (the head alone
+in a DDP wrapper), epoch 3 the whole model (a new DDP wrapper), with EMA, a balanced sampler, class
+weights and two accumulated micro-batches per step. Writes OUT/rank<R>.json: sha256 of the rank's trained weights and of its average.
 """
 
 from __future__ import annotations
