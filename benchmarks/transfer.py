@@ -13,8 +13,7 @@ each seed; the result is mean +- std over seeds with n, per arm.
     python benchmarks/transfer.py --smoke              # a tiny run of every code path (minutes)
     python benchmarks/transfer.py --arms linear_probe,new_schedule --seeds 5
 
-Arms whose recipe keys this version does not have (the augmentation rows, until their options exist)
-are reported as not run, with the key that is missing. The result file goes through _results.py
+Arms whose recipe keys a version does not have are reported as not run, with the key that is missing. The result file goes through _results.py
 (`transfer--<machine>--<time>.json`) and the docs' fine-tuning page renders it.
 """
 
@@ -46,7 +45,7 @@ class Arm:
 # Each arm's overrides on top of COMMON and the task's own (data, weights, epochs). "One rate": every layer
 # at optim.lr, every parameter decayed, no warm-up: the guide's way. "New schedule": the head alone on
 # cached features for 2 epochs, then the whole model, warm-up per step, layer-wise decay, no decay on
-# norm and bias. The last two rows use options of the augmentation work; until those exist they are skipped.
+# norm and bias. The last two rows add the augment section's options (skipped where a version lacks them).
 NEW = ("finetune.freeze_epochs=2", "schedule.warmup_epochs=1", "finetune.layer_decay=0.75",
        "optim.decay_norm_and_bias=false")
 ARMS = [
@@ -56,9 +55,10 @@ ARMS = [
     Arm("one_rate", "full fine-tune, every layer at one rate", ("optim.decay_norm_and_bias=true",)),
     Arm("new_schedule", "head first, then all with warm-up and layer-wise rates", NEW),
     Arm("new_ema", "+ EMA of the weights", (*NEW, "ema.decay=0.998")),
-    Arm("new_ema_augment", "+ TrivialAugmentWide", (*NEW, "ema.decay=0.998", "data.augmentation.policy=trivialaugment")),
-    Arm("new_ema_augment_mix", "+ MixUp/CutMix", (*NEW, "ema.decay=0.998", "data.augmentation.policy=trivialaugment",
-                                                 "data.augmentation.mixup_alpha=0.2", "data.augmentation.cutmix_alpha=1.0")),
+    Arm("new_ema_augment", "+ TrivialAugmentWide", (*NEW, "ema.decay=0.998", "augment.policy=trivialaugment")),
+    # The references' alphas (torchvision: mixup 0.2, cutmix 1.0), one of the two per batch.
+    Arm("new_ema_augment_mix", "+ MixUp/CutMix", (*NEW, "ema.decay=0.998", "augment.policy=trivialaugment",
+                                                 "augment.mixup_alpha=0.2", "augment.cutmix_alpha=1.0")),
 ]
 
 COMMON = ("model.name=resnet18", "data.train_crop_size=64", "data.val_resize_size=64", "data.val_crop_size=64",

@@ -144,7 +144,9 @@ class Stages:
         runner = head if not s.dist.enabled else nn.parallel.DistributedDataParallel(
             head, device_ids=[s.device.index] if s.device.type == "cuda" else None)
         train_loader, val_loader = feature_loaders(s, self.features)
-        settings = replace(s.settings, prepare=_identity, micro_batch=None)
+        # Features are vectors, not images: no MixUp/CutMix on them (the head-only epochs on cached features
+        # train without mixing, as they train without per-image augmentation).
+        settings = replace(s.settings, prepare=_identity, micro_batch=None, mix=None)
         return Stage("head-features", runner, train_loader, val_loader, settings, nn.Module.train,
                      lambda model: model.get_submodule(head_name))
 

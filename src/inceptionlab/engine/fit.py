@@ -176,7 +176,7 @@ def _train_epoch(r: _Run, epoch: int, first_step: int, stage: Stage) -> tuple[Ep
         return train_one_epoch(stage.runner, loader, s.task, s.optimizer, s.scaler, stage.settings,
                                first_step=first_step, on_log=log,
                                should_stop=lambda: any_rank(r.stop.requested, s.dist, s.device),
-                               after_step=s.after_step, train_mode=stage.train_mode), steps_in_epoch
+                               after_step=s.after_step, train_mode=stage.train_mode, epoch=epoch), steps_in_epoch
     except NonFiniteLoss as exc:
         raise UserError(
             f"training diverged in epoch {epoch + 1}: {exc}; kept the last good checkpoint in "

@@ -37,6 +37,14 @@ class MulticlassTask:
     class_weights: torch.Tensor | None = None  # train.class_weights: cross-entropy's per-class weight
 
     def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy against class indices (N,) or class probabilities (N, C), the soft targets of
+        MixUp/CutMix (data/transforms/mixing.py); the aux heads see the same targets.
+
+        Label smoothing e turns either target q (one-hot or mixed) into (1 - e) * q + e / C, torch's
+        `cross_entropy(..., label_smoothing=e)` for indices and probabilities alike (torchvision's
+        references mix, then smooth this way). Both steps are linear and the mixing weights sum to 1,
+        so it equals smoothing each one-hot target, then mixing (timm's order).
+        """
         logits, aux = split_outputs(output)
         weight = _on(self.class_weights, logits)
         loss = F.cross_entropy(logits, targets, weight=weight, label_smoothing=self.label_smoothing)
