@@ -42,7 +42,7 @@ def test_ctrl_c_while_the_first_batch_is_prepared_says_what_to_do(image_folder, 
 
 
 def test_ctrl_c_while_the_data_is_read_says_nothing_was_written(image_folder, tmp_path, cli, monkeypatch):
-    def interrupted(cfg):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(engine_session, "read_splits", interrupted)

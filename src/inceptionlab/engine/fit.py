@@ -174,8 +174,11 @@ def _start(r: _Run, resume: Path | None) -> ResumePoint:
         r.report.say(f"resuming {r.artifacts.run.path} at epoch {start.epoch + 1}, step {start.step_in_epoch}")
     r.artifacts.start(r.s, start if resume is not None else None)
     for note in r.s.notes:
+        if resume is not None and note in r.s.weights_notes:  # a resumed run's weights are its checkpoint's
+            continue
         r.report.say(note)
-    r.report.say(f"weights: resumed from {r.artifacts.run.last}" if resume is not None else r.s.weights_note)
+    if resume is not None:
+        r.report.say(f"weights: resumed from {r.artifacts.run.last}")
     if r.s.threads is not None:
         r.s.threads.say = r.report.say  # a change of thread count is said where progress is
     r.report.say(f"run directory: {r.artifacts.run.path}")

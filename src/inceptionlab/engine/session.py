@@ -59,7 +59,8 @@ class TrainingSession:
     test_loader: Loader | None = None
     speed: hardware.Decision | None = None  # what `auto` chose for precision, memory format and compile
     threads: hardware.ThreadGovernor | None = None
-    weights_note: str = ""  # where a new run's weights come from (a resumed run's come from its checkpoint)
+    weights_notes: list[str] = field(default_factory=list)  # the notes saying where a new run's weights come
+    # from (among `notes`): a resumed run's come from its checkpoint, and it says so instead
     parts: ModelParts | None = None  # head, auxiliary heads, body (models/parts.py)
     ema: ModelEma | None = None  # the weights' average, when ema.decay is set
     train_set: Any = None  # the (capped) splits the loaders serve, for the frozen-body features
@@ -133,12 +134,14 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every,
                             mix=_batch_mix(recipe, spec, num_classes, dist), micro_batch=_micro_batch(recipe))
-    notes = [*splits.notes, f"parameters: {parts.describe()}", *_optimizer_notes(recipe, optimizer), *batch_notes,
+    weights_notes = built.report or ["weights: random init (training from scratch)"]
+    notes = [*splits.notes, *weights_notes,
+             f"parameters: {parts.describe()}", *_optimizer_notes(recipe, optimizer), *batch_notes,
              *_imbalance_notes(recipe, task, targets, num_classes),
              speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
     session = TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
                               train_loader, val_loader, settings, notes, splits, test_loader, speed, threads,
-                              "\n".join(built.report or ["weights: random init (training from scratch)"]))
+                              list(weights_notes))
     session.parts, session.ema, session.sample_weights = parts, ema, sample_weights
     session.train_set, session.val_set, session.image_options = train_set, val_set, _device_image_options(recipe)
     session.val_set_transform = getattr(val_set, "transform", None) or getattr(getattr(val_set, "dataset", None),
