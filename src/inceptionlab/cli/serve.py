@@ -47,6 +47,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the "
                              "network: set an API key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="HTTP port."),
+    tta: Optional[str] = options.tta_option(),
     grpc_port: str = typer.Option("8001", "--grpc-port", help="gRPC port on --host (the protocol's "
                                   "GRPCInferenceService and the grpc.health.v1 service), or off. On by default "
                                   "at 8001, Triton's gRPC port, where Triton's clients and perf_analyzer -i grpc "
@@ -83,7 +84,7 @@ def serve(
     settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
                                  _positive("--instances", instances), weights,
                                  log=lambda message: typer.echo(message, err=True),
-                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate)
+                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate, tta=options.check_tta(tta))
     served = []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))

@@ -176,8 +176,10 @@ def evaluate(
     settings: StepSettings,
     *,
     confusion: bool = True,
+    on_batch: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> dict[str, Any]:
-    """Loss (sample-weighted), top-1, top-5 and the confusion matrix over the whole loader."""
+    """Loss (sample-weighted), top-1, top-5 and the confusion matrix over the whole loader;
+    `on_batch(logits, targets)` sees every batch (evaluate's per-image results table)."""
     model.eval()
     meter = task.meter(settings.device, confusion=confusion)
     start = time.perf_counter()
@@ -187,6 +189,8 @@ def evaluate(
         with settings.autocast():
             logits = main_logits(model(inputs))
         meter.update(logits, targets, task.eval_loss(logits, targets))
+        if on_batch is not None:
+            on_batch(logits, targets)
         samples += targets.numel()
     _sync(settings.device)
     result = meter.compute()
