@@ -89,6 +89,11 @@ class DataConfig:
     cache_size: int = 342  # resident/stream image folders: longest side decoded, px (smaller images stay exact)
     val_fraction: Optional[float] = None  # carve validation out of train (IMDB: 0.2), else the val/test split
     split_seed: int = 42  # seed of that carve-out (the guide's seed=42)
+    # Image files without train/ + val/ folders (data/datasets/file_list.py): a CSV of file,label[,split];
+    # or, with neither, one folder of class folders. Both are split per class by val_fraction (0.2 if
+    # unset) and split_seed, and the split is recorded in the run's splits.csv.
+    labels_csv: Optional[str] = None
+    split_file: Optional[str] = None  # a run's splits.csv to read the split from as it was (set by evaluate, resume)
     text: TextConfig = field(default_factory=TextConfig)
     train_split: str = "train"
     val_split: str = "val"

@@ -14,8 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torchvision.datasets import ImageFolder
+from torchvision.datasets import ImageFolder, VisionDataset
 
+from inceptionlab.data.datasets.file_list import SPLITS_FILE, LabelRow, splits_writer
 from inceptionlab.data.io.decode import ImageReadError, load_rgb
 from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS
 from inceptionlab.data.splits import SplitPair
@@ -82,3 +83,41 @@ def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: 
         example = (train.ignored_files + val.ignored_files)[0]
         notes.append(f"ignored {ignored} non-image file(s), e.g. {example}")
     return SplitPair(train, val, list(train.classes), None, notes)
+
+
+class LabelledFiles(RobustImageFolder):
+    """A split given as (file, label) rows (a labels CSV, or files split off one class folder) instead of
+    a folder of class folders; items as RobustImageFolder's. `root` names the data root and the split
+    (`<root>/<split>`, which need not exist): the decoded cache keeps one file per split under it."""
+
+    def __init__(self, rows: list[LabelRow], classes: list[str], root: Path, transform: Any = None):
+        # No folder to scan: torchvision's VisionDataset set-up only, then the samples as given.
+        VisionDataset.__init__(self, str(root), transform=transform)
+        self.loader, self.extensions, self.ignored_files = load_rgb, IMAGE_EXTENSIONS, []
+        self.classes, self.class_to_idx = list(classes), {c: i for i, c in enumerate(classes)}
+        self.samples = [(str(row.file), self.class_to_idx[row.label]) for row in rows]
+        self.imgs, self.targets = self.samples, [label for _, label in self.samples]
+
+
+def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf: Any,
+                         note: str | None = None) -> SplitPair:
+    """Train and val datasets from rows whose `split` says which; the rows are recorded with the run."""
+    classes = sorted({row.label for row in rows})
+    parts = {name: [r for r in rows if r.split == name] for name in ("train", "val")}
+    others = sorted({r.split for r in rows} - {"train", "val", "test"})
+    if others:
+        raise UserError(f"split {others[0]!r} in the labels: use train, val (and test)")
+    for name in ("train", "val"):
+        if not parts[name]:
+            raise UserError(f"{root}: no {name} images in the labels; give some rows split={name}, or leave the "
+                            "split column out to split each class by data.val_fraction")
+    missing = sorted(set(classes) - {r.label for r in parts["train"]})
+    if missing:
+        raise UserError(f"{root}: class {missing[0]!r} has no training images; give it some, or remove it")
+    train = LabelledFiles(parts["train"], classes, Path(root) / "train", train_tf)
+    val = LabelledFiles(parts["val"], classes, Path(root) / "val", val_tf)
+    test_rows = [r for r in rows if r.split == "test"]
+    test = LabelledFiles(test_rows, classes, Path(root) / "test", val_tf) if test_rows else None
+    pair = SplitPair(train, val, classes, None, [note] if note else [], test=test)
+    pair.artifacts[SPLITS_FILE] = splits_writer(rows, Path(root))
+    return pair
