@@ -184,3 +184,9 @@ def test_tta_on_normalised_inputs_equals_normalised_views():
     after = tta_views(norm(pixels), "flip-crops")
     before = norm(tta_views(pixels.float(), "flip-crops"))
     assert torch.allclose(after, before, atol=1e-4)
+
+
+def test_the_cli_offers_every_tta_mode():
+    from inceptionlab.cli.options import TTA_MODES
+
+    assert TTA_MODES == tuple(TTA_VIEWS)

@@ -165,3 +165,14 @@ def test_real_images_with_planted_copies(tmp_path):
     found = by_check(check_data(root, workers=0))
     assert set(found) <= {"leakage", "modes"}, sorted(found)
     assert files_in(found["leakage"][0]) == {f"train/{wnids[0]}/{first.name}", f"val/{wnids[0]}/leaked.jpg"}
+
+
+def test_train_gets_one_warning_line_from_the_cheap_checks(tmp_path):
+    from inceptionlab.config import load_recipe
+    from inceptionlab.data.readers import data_warning
+
+    root = clean_dataset(tmp_path / "data", train=4, val=2)
+    recipe = load_recipe("inception_v3/imagefolder", [f"data.root={root}"])
+    assert data_warning(recipe.data) is not None and "fewer than 5" in data_warning(recipe.data)
+    clean = clean_dataset(tmp_path / "clean", train=6, val=2)
+    assert data_warning(load_recipe("inception_v3/imagefolder", [f"data.root={clean}"]).data) is None

@@ -93,12 +93,28 @@ def test_tta_gain_is_measured_in_one_pass_and_the_rule_remembers_it(run, cli):
     assert gain["views"] == 10 and gain["images"] == 18
     assert gain["top1_without"] == pytest.approx(plain["top1"])  # view 0 is the plain evaluation
     assert gain["top1_with"] == pytest.approx(report["top1"])
-    assert spec_of(run).tta == "flip-crops"
+    helped = gain["top1_gain"] > 0 or (gain["top1_gain"] == 0 and gain["nll_with"] < gain["nll_without"])
+    assert spec_of(run).tta == ("flip-crops" if helped else "none")
+    assert (report["note"] is None) == helped
     from inceptionlab.infer.predict import Predictor
     from inceptionlab.models.registry import load_run_model
 
     net, spec = load_run_model(run.run_dir)
-    assert Predictor(net, spec, torch.device("cpu")).tta == "flip-crops"  # predict's default is the saved rule
+    assert Predictor(net, spec, torch.device("cpu")).tta == spec.tta  # predict's default is the saved rule
+
+
+def test_tta_is_adopted_only_where_it_helped():
+    from inceptionlab.infer.decision import adopted, tta_gain
+    from inceptionlab.infer.evaluate import Scores
+
+    targets = np.array([0, 1, 1, 0])
+    plain = np.array([[2.0, 0.0], [0.0, 2.0], [1.0, 0.0], [2.0, 0.0]], np.float32)  # 3 of 4 right
+    better = np.array([[2.0, 0.0], [0.0, 2.0], [0.0, 1.0], [2.0, 0.0]], np.float32)  # 4 of 4
+    scores = Scores(better, targets, "flip", plain)
+    assert adopted(scores, tta_gain(scores)) == (scores, None)
+    worse = Scores(plain, targets, "flip", better)
+    kept, note = adopted(worse, tta_gain(worse))
+    assert kept.tta == "none" and kept.logits is better and "not adopted" in note
 
 
 @pytest.mark.slow  # an ONNX export with its parity check: ~25 s on 2 cores
@@ -208,3 +224,59 @@ def test_serve_with_tta_answers_like_predict_with_tta(run):
     expected = list(Predictor(net, spec, torch.device("cpu"), tta="flip-crops").predict_files(files, topk=3))
     for row, want in zip(served, expected):
         assert row.max() == pytest.approx(want["score"], abs=1e-4)
+
+
+def test_bench_times_tta_as_serve_runs_it(run, cli):
+    from inceptionlab.infer.bench import AugmentedSession
+    from inceptionlab.infer.runtimes import TorchSession
+    from inceptionlab.infer.tta import with_tta
+    from inceptionlab.models.registry import load_run_model
+
+    net, _ = load_run_model(run.run_dir)
+    inputs = np.random.default_rng(0).normal(size=(2, 3, 32, 32)).astype(np.float32)
+    session = AugmentedSession(TorchSession(net, "fp32", "nchw", "cpu", 2), "flip-crops")
+    with torch.inference_mode():
+        expected = with_tta(net.eval(), "flip-crops")(torch.from_numpy(inputs)).numpy()
+    assert np.allclose(session.predict(inputs), expected, atol=1e-5)
+    result = cli("bench", run.run_dir, "--backend", "eager", "--precision", "fp32", "--layout", "nchw",
+                 "--tta", "none,flip-crops", "--batch", "2", "--iters", "5", "--warmup", "1", "--no-plot", "--json")
+    assert result.code == 0, result.err
+    rows = {row["tta"]: row for row in map(json.loads, result.out.splitlines())}
+    assert set(rows) == {"none", "flip-crops"} and rows["none"]["speedup"] == 1.0
+    assert rows["flip-crops"]["mean_ms"] > 2 * rows["none"]["mean_ms"]  # 10 forward passes per call
+
+
+def test_the_page_shows_unknown_with_the_score_and_threshold(served, tmp_path):
+    """The server's page in headless chromium: an image of no class is shown as unknown, with its score."""
+    from test_serve_browser import CHROME_FLAGS, chromium_paths
+
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra)")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+    from serve_helpers import uvicorn_thread
+
+    from inceptionlab.serve.app import create_app
+
+    run, model = served
+    binary, driver = chromium_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in (*CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    browser = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        with uvicorn_thread(create_app([model])) as base:
+            browser.get(base + "/")
+            wait = WebDriverWait(browser, 30)
+            wait.until(ready.text_to_be_present_in_element((By.ID, "info"), "unknown"))
+            assert "calibrated (T = " in browser.find_element(By.ID, "info").text
+            browser.find_element(By.ID, "files").send_keys(str(run.outside / "noise_0.png"))
+            wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "#results .unknown")))
+            text = browser.find_element(By.CSS_SELECTOR, "#results .unknown").text
+            threshold = f"{spec_of(run).reject_threshold * 100:.1f}%"
+            assert text.startswith("unknown: the model's best guess scores") and threshold in text
+            browser.save_screenshot(str(tmp_path / "unknown.png"))
+    finally:
+        browser.quit()

@@ -100,7 +100,7 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
               unknown_images: Optional[Path], weights: Optional[str], device: Any, batch_size: int) -> Any:
     """Fit the rule on validation (saved with a run's model), else apply the saved one; then try it on
     --unknown-images."""
-    from inceptionlab.infer.decision import RuleReport, decide, outside_images, save_rule, tta_gain
+    from inceptionlab.infer.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
     scores = evaluation.scores
@@ -108,8 +108,10 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
     if not fit and reject is not None:
         raise UserError("--reject chooses a threshold on the validation split; this evaluation fits nothing "
                         "(--split other than validation, or --keep-rule): drop it, or score the validation split")
-    calibration, spec = decide(scores, evaluation.spec, fit=fit, target=target, drop_threshold=reject == "none")
-    report = RuleReport(calibration, spec, tta_gain(scores))
+    gain = tta_gain(scores)
+    chosen, note = adopted(scores, gain) if fit else (scores, None)
+    calibration, spec = decide(chosen, evaluation.spec, fit=fit, target=target, drop_threshold=reject == "none")
+    report = RuleReport(calibration, spec, gain, note=note)
     if unknown_images is not None:
         if run is not None:
             net, _ = load_run_model(run, Path(weights) if weights else None)
@@ -119,7 +121,8 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
     if fit and run is not None and not weights:
         report.saved_to = save_rule(run, spec)
     elif fit and run is not None:
-        report.note = "rule not saved: --weights scored other weights than the run's model.pt"
+        report.note = "; ".join(filter(None, [note, "rule not saved: --weights scored other weights than the "
+                                              "run's model.pt"]))
     return report
 
 

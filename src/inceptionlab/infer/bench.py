@@ -9,6 +9,10 @@ For every configuration (backend x precision x layout) and batch size:
    with Python's garbage collector paused (as `timeit` does);
 4. report mean/p50/p90/p99 latency, images/s and the GFLOP/s that achieves.
 
+With `--tta` a configuration also runs with test-time augmentation: each call makes every view of its
+batch (models/tta.py), runs the model on each and averages the logits, as `serve --tta` does, so the
+speed-up column against plain eager fp32 is TTA's cost.
+
 Reduced precisions (bf16, fp16, int8) are also run on held-out real images and compared with fp32
 PyTorch: `agreement` (top-1) and `usable` (quantize.MIN_AGREEMENT on >= MIN_HOLDOUT_IMAGES).
 Several configurations in one call get a speed-up column against eager fp32 NCHW (always measured
@@ -55,10 +59,11 @@ from inceptionlab.infer.runtimes import (
     get_runtime,
 )
 from inceptionlab.infer.source import ModelSource
+from inceptionlab.models.tta import iter_views
 
 log = logging.getLogger(__name__)
 
-ROW_KEYS = ("backend", "precision", "layout", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
+ROW_KEYS = ("backend", "precision", "layout", "tta", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
             "p90_ms", "p99_ms", "img_per_s", "gflop_per_image", "gflops", "speedup", "agreement", "usable")
 
 
@@ -67,11 +72,32 @@ class Config:
     backend: str
     precision: str
     layout: str
+    tta: str = "none"  # test-time augmentation around every call (AugmentedSession)
 
     @property
     def label(self) -> str:
         layout = "" if self.layout in (NATIVE_LAYOUT, "nchw") else f" {self.layout}"
-        return f"{self.backend} {self.precision}{layout}"
+        tta = "" if self.tta == "none" else f" tta {self.tta}"
+        return f"{self.backend} {self.precision}{layout}{tta}"
+
+
+class AugmentedSession(RuntimeSession):
+    """A session that runs every TTA view of its batch and averages the logits (what serve --tta does per
+    batch): the views are made, placed and run inside the timed call."""
+
+    def __init__(self, inner: RuntimeSession, mode: str):
+        self.inner, self.mode = inner, mode
+        self.provider, self.batch = inner.provider, inner.batch
+
+    def place(self, inputs: np.ndarray) -> Any:
+        return inputs
+
+    def run(self, placed: Any) -> Any:
+        return [self.inner.run(self.inner.place(np.ascontiguousarray(view.numpy())))
+                for view in iter_views(torch.from_numpy(placed), self.mode)]
+
+    def to_numpy(self, output: Any) -> np.ndarray:
+        return np.mean([self.inner.to_numpy(o) for o in output], axis=0)
 
 
 BASELINE = Config("eager", "fp32", "nchw")
@@ -108,8 +134,9 @@ def auto_precisions(facts: hardware.DeviceFacts) -> tuple[list[str], dict[str, s
 
 
 def plan(backends: list[str], precisions: list[str], layouts: list[str],
-         facts: hardware.DeviceFacts | None = None) -> list[Config]:
-    """Every backend x precision (x layout for PyTorch backends); eager fp32 NCHW first when comparing.
+         facts: hardware.DeviceFacts | None = None, ttas: list[str] | None = None) -> list[Config]:
+    """Every backend x precision (x layout for PyTorch backends) x TTA mode; eager fp32 NCHW without TTA
+    first when comparing.
 
     `auto` in `precisions` stands for `auto_precisions(facts)`; `auto` in `layouts` for both layouts.
     """
@@ -128,7 +155,7 @@ def plan(backends: list[str], precisions: list[str], layouts: list[str],
             if precision not in named and precision not in runtime.precisions:
                 continue  # auto asks each runtime only for what it has (ONNX Runtime has no bf16 path)
             for layout in (layouts if runtime.layouts == TORCH_LAYOUTS else [NATIVE_LAYOUT]):
-                configs.append(Config(backend, precision, layout))
+                configs.extend(Config(backend, precision, layout, tta) for tta in ttas or ["none"])
     configs = list(dict.fromkeys(configs))
     if len(configs) > 1:  # a comparison: eager fp32 NCHW first, the reference for every speed-up
         if BASELINE in configs:
@@ -302,6 +329,8 @@ def _measure_config(config: Config, artifacts: Artifacts, settings: BenchSetting
         session = None  # free the previous batch size's session before building the next
         started = time.perf_counter()
         session = runtime.open(artifacts, config.precision, config.layout, settings.target, batch)
+        if config.tta != "none":
+            session = AugmentedSession(session, config.tta)
         setup_ms = (time.perf_counter() - started) * 1e3
         inputs = random_inputs(batch, artifacts.source.spec.input_shape)  # latency does not depend on values
         timing = time_session(session, inputs, settings.iters, settings.warmup, setup_ms)
@@ -312,7 +341,7 @@ def _measure_config(config: Config, artifacts: Artifacts, settings: BenchSetting
         log(f"{config.label:<28} batch {batch:>3}: p50 {row['p50_ms']:9.2f} ms  {row['img_per_s']:8.1f} img/s  "
             f"({session.provider})")
     verdict = None
-    if config.precision in REDUCED_PRECISIONS and session is not None:
+    if config.precision in REDUCED_PRECISIONS and session is not None and config.tta == "none":
         # At least MIN_HOLDOUT_IMAGES whatever --holdout says: fewer cannot tell 99% from 97%.
         verdict = judge(reference.logits(), session.predict(reference.inputs()), settings.min_agreement)
         log(f"{config.label}: {verdict.reason} -> {'usable' if verdict.usable else 'NOT usable'}")
@@ -344,7 +373,9 @@ def _fmt(value: Any, width: int, spec: str = "") -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """One comparison table, grouped by batch size, fastest first within a batch."""
-    header = (f"{'backend':<12} {'precision':<9} {'layout':<13} {'batch':>5} {'first ms':>9} {'mean ms':>9} "
+    tta = any(r.get("tta", "none") != "none" for r in rows)
+    header = (f"{'backend':<12} {'precision':<9} {'layout':<13} " + (f"{'tta':<10} " if tta else "") +
+              f"{'batch':>5} {'first ms':>9} {'mean ms':>9} "
               f"{'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'img/s':>8} {'GFLOP/s':>8} {'speed-up':>8} "
               f"{'agree':>6} {'usable':>6}  provider")
     lines = [header, "-" * len(header)]
@@ -354,7 +385,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             usable = None if r.get("usable") is None else ("yes" if r["usable"] else "NO")
             speedup = None if r.get("speedup") is None else f"{r['speedup']:.2f}x"
             lines.append(
-                f"{r['backend']:<12} {r['precision']:<9} {r['layout']:<13} {batch:>5} {r['first_ms']:>9.1f} "
+                f"{r['backend']:<12} {r['precision']:<9} {r['layout']:<13} " +
+                (f"{r.get('tta', 'none'):<10} " if tta else "") + f"{batch:>5} {r['first_ms']:>9.1f} "
                 f"{r['mean_ms']:>9.2f} {r['p50_ms']:>9.2f} {r['p90_ms']:>9.2f} {r['p99_ms']:>9.2f} "
                 f"{r['img_per_s']:>8.1f} {_fmt(r['gflops'], 8, '.1f')} {_fmt(speedup, 8)} {_fmt(agree, 6)} "
                 f"{_fmt(usable, 6)}  {r['provider']}")

@@ -209,10 +209,11 @@ class Threshold:
     coverage: float  # share of validation images answered
     answered: int
     samples: int
-    target: str
+    target: str  # "precision=0.95" / "coverage=0.9" as chosen, or "as saved" (applied, not chosen here)
 
     def describe(self) -> str:
-        return (f"unknown below {self.threshold:.4f}: on validation {self.coverage:.1%} of images answered "
+        where = "these images" if self.target == "as saved" else "validation"
+        return (f"unknown below {self.threshold:.4f}: on {where} {self.coverage:.1%} of images answered "
                 f"({self.answered}/{self.samples}), {self.precision:.1%} of them right [target {self.target}]")
 
 
@@ -273,7 +274,6 @@ class Calibration:
     after: Reliability
     threshold: Threshold | None = None
     fitted: bool = True  # False: the spec's temperature applied, not fitted here (a test split)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         out = {"samples": self.samples, "temperature": round(self.temperature, 6), "fitted": self.fitted,
@@ -281,7 +281,7 @@ class Calibration:
                "nll_before": round(self.nll_before, 6), "nll_after": round(self.nll_after, 6)}
         if self.threshold is not None:
             out["reject"] = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self.threshold).items()}
-        return {**out, **self.extra}
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "bins_before": self.before.bins, "bins_after": self.after.bins,

@@ -48,6 +48,7 @@ class RuleReport:
         if self.outside is not None:
             out["outside_images"] = self.outside
         out["rule_saved_to"] = str(self.saved_to) if self.saved_to else None
+        out["note"] = self.note
         return out
 
     def lines(self) -> list[str]:
@@ -66,10 +67,10 @@ class RuleReport:
             lines.append(f"test-time augmentation {g['tta']} ({g['views']} views): top-1 {g['top1_without']:.4f} -> "
                          f"{g['top1_with']:.4f} ({g['top1_gain'] * 100:+.2f} points), NLL {g['nll_without']:.4f} -> "
                          f"{g['nll_with']:.4f}, for {g['views']}x the forward passes")
-        if self.saved_to is not None:
-            lines.append(f"decision rule saved to {self.saved_to} (predict, export and serve answer by it)")
         if self.note:
             lines.append(self.note)
+        if self.saved_to is not None:
+            lines.append(f"decision rule saved to {self.saved_to} (predict, export and serve answer by it)")
         return lines
 
 
@@ -94,6 +95,18 @@ def decide(scores: Scores, spec: ModelSpec, *, fit: bool, target: RejectTarget |
                                reject_threshold=chosen.threshold if chosen else None,
                                reject_target=chosen.target if chosen else None)
     return result, rule
+
+
+def adopted(scores: Scores, gain: dict[str, Any] | None) -> tuple[Scores, str | None]:
+    """The scores to fit the rule on: with TTA when it helped on these images (higher top-1, or the same
+    top-1 and a lower NLL), else without it (view 0 of the same pass), with a line saying why."""
+    if gain is None:
+        return scores, None
+    if gain["top1_gain"] > 0 or (gain["top1_gain"] == 0 and gain["nll_with"] < gain["nll_without"]):
+        return scores, None
+    plain = Scores(scores.plain_logits, scores.targets, "none", None, scores.validation)
+    return plain, (f"test-time augmentation {scores.tta} not adopted: it did not help here (top-1 "
+                   f"{gain['top1_without']:.4f} -> {gain['top1_with']:.4f}); the rule is fitted without it")
 
 
 def tta_gain(scores: Scores) -> dict[str, Any] | None:

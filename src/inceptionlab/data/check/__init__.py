@@ -30,6 +30,7 @@ from inceptionlab.data.check.checks import (
 )
 from inceptionlab.data.check.listing import DataListing, list_dataset
 from inceptionlab.data.check.scan import hashes_available, scan_files
+from inceptionlab.hardware import usable_cpus  # the one place that knows the CPUs this process may use
 
 __all__ = ["DataReport", "Finding", "check_data", "quick_check", "warning_line"]
 
@@ -74,8 +75,6 @@ def check_data(root: Path, labels_csv: Path | None = None, workers: int | None =
                progress: Callable[[int, int], Any] | None = None) -> DataReport:
     """Every check. `progress(done, total)` is called as files are scanned; `workers` processes scan
     them (default: the CPUs this process may use)."""
-    from inceptionlab.hardware import usable_cpus  # the one place that knows this machine's CPUs
-
     started = time.perf_counter()
     listing = list_dataset(Path(root), labels_csv)
     paths = [path for split in listing.splits for path, _ in split.samples]

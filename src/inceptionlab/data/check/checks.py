@@ -6,9 +6,10 @@ costs accuracy or time (copies, imbalance, tiny or extreme images); `info` is wo
 
 Near copies: pHash within NEAR_PHASH bits and dHash within NEAR_DHASH bits. Measured on the 14,200
 tiny-imagenet-200 images here: copies resized to 1/2, 0.7 (JPEG q50) or 2x, re-encoded at JPEG q30,
-converted to PNG or grey differ by at most 6 pHash bits and 10 dHash bits (130 source images, 7
-variants each); two different images were never closer than 8 pHash bits, and the pairs at 8 differ
-by 5 to 31 dHash bits. Both thresholds together keep distinct images apart.
+converted to PNG or grey differ by at most 6 pHash bits and 10 dHash bits (108 source images: tiny-imagenet
+and the imagenet-sample photos); two different images were never closer than 8 pHash bits, and the pairs
+at 8 differ by 5 to 31 dHash bits. Both thresholds together keep distinct images apart. (A 5% crop moves
+pHash by up to 14 bits: crops are not near copies here.)
 """
 
 from __future__ import annotations
@@ -132,9 +133,9 @@ def count_findings(listing: DataListing) -> list[Finding]:
             "imbalance", "warning",
             f"classes are imbalanced: {present[most]} {train.name} images of {most}, {present[fewest]} of {fewest} "
             f"({present[most] / present[fewest]:.1f}x)",
-            "weight the loss by class (suggested weights n / (classes x n_c) in details) or sample classes evenly; "
-            "judge the model by per-class recall, not top-1 alone; or collect more images of the small classes",
-            sorted(present, key=present.get)[:EXAMPLES], {"weights": weights, "counts": present}))
+            "weight the loss by class with the weights below (n / (classes x n_c), a mean of 1 per image) or sample "
+            "classes evenly; judge the model by per-class recall, not top-1 alone; or collect more images of the "
+            "small classes", [], {"weights": weights, "counts": present}))
     few = sorted((c for c, n in present.items() if n < FEW_IMAGES), key=present.get)
     if few:
         out.append(Finding("few_images", "warning", f"{len(few)} class(es) have fewer than {FEW_IMAGES} "
@@ -168,9 +169,7 @@ def decode_findings(facts: list[FileFacts], root: Path) -> list[Finding]:
     bad = [f for f in facts if f.error]
     if not bad:
         return []
-    reasons = Counter(f.error for f in bad)
-    return [Finding("undecodable", "error", f"{len(bad)} file(s) cannot be decoded "
-                    f"({', '.join(f'{n} {r}' for r, n in reasons.most_common(3))})",
+    return [Finding("undecodable", "error", f"{len(bad)} file(s) cannot be read as images",
                     "re-save them from the source or delete them; training skips them and says so every epoch",
                     [relative(f.path, root) for f in bad], {"reasons": {relative(f.path, root): f.error for f in bad}})]
 

@@ -27,13 +27,17 @@ def format_report(report: DataReport) -> str:
     for finding in report.findings:
         lines.append(f"{MARK[finding.severity]} {finding.check}: {finding.message}")
         lines.append(f"         what to do: {finding.advice}")
+        reasons = finding.details.get("reasons", {})
         for item in finding.files[:EXAMPLES]:
-            lines.append(f"           {_example(item)}")
+            reason = f": {reasons[item]}" if isinstance(item, str) and item in reasons else ""
+            lines.append(f"           {_example(item)}{reason}")
         if len(finding.files) > EXAMPLES:
             lines.append(f"           ... and {len(finding.files) - EXAMPLES} more (--json lists all)")
-        weights = finding.details.get("weights")
+        weights, counts = finding.details.get("weights"), finding.details.get("counts", {})
         if weights:
-            shown = sorted(weights.items(), key=lambda kv: -kv[1])[:EXAMPLES]
-            lines.append("           class weights: " + ", ".join(f"{c} {w:g}" for c, w in shown)
-                         + (", ..." if len(weights) > EXAMPLES else ""))
+            shown = sorted(weights.items(), key=lambda kv: -kv[1])
+            for name, weight in shown[:EXAMPLES]:
+                lines.append(f"           {name}: {counts.get(name, '?')} images, weight {weight:g}")
+            if len(shown) > EXAMPLES:
+                lines.append(f"           ... and {len(shown) - EXAMPLES} more classes (--json lists all)")
     return "\n".join(lines)

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
+import multiprocessing
 from dataclasses import dataclass
-from multiprocessing import get_context
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -122,13 +121,7 @@ def scan_files(paths: list[str], workers: int, on_progress: Callable[[int], None
     if hashes:
         import imagehash  # noqa: F401  imported before the fork, so each worker inherits it (~0.5 s each)
     # fork where the platform has it: the workers inherit what this process imported
-    method = "fork" if "fork" in _start_methods() else "spawn"
-    with get_context(method).Pool(workers) as pool:
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with multiprocessing.get_context(method).Pool(workers) as pool:
         collect(pool.imap(_scan_chunk, _chunks(paths, CHUNK, hashes)))
     return results
-
-
-def _start_methods() -> list[str]:
-    import multiprocessing
-
-    return multiprocessing.get_all_start_methods() if os.name == "posix" else ["spawn"]
