@@ -114,8 +114,16 @@ def test_imbalance_suggests_balanced_class_weights(tmp_path):
     for i in range(12):
         smooth_image(rng).save(root / "train" / "cat" / f"extra_{i}.jpg")
     [imbalance] = [f for f in quick_check(root) if f.check == "imbalance"]
-    # 16 cat, 4 dog, 4 fox: n / (k x n_c) = 24 / (3 x 16) = 0.5 and 24 / 12 = 2
-    assert imbalance.details["weights"] == {"cat": 0.5, "dog": 2.0, "fox": 2.0}
+    # 16 cat, 4 dog, 4 fox: 1 / n_c normalised to a mean of 1 = (1/16, 1/4, 1/4) / (9/48) = 1/3, 4/3, 4/3
+    assert imbalance.details["weights"] == {"cat": 0.3333, "dog": 1.3333, "fox": 1.3333}
+    assert "train.class_weights=auto" in imbalance.advice
+    # ... the weights train.class_weights=auto trains with:
+    import torch
+
+    from inceptionlab.data.loading.sampler import inverse_frequency
+
+    auto = inverse_frequency(torch.tensor([16, 4, 4]), 1.0).tolist()
+    assert list(imbalance.details["weights"].values()) == pytest.approx(auto, abs=1e-4)
     assert any(f.check == "few_images" for f in quick_check(root)) is True  # dog and fox have 4 < 5
     line = warning_line(quick_check(root), root)
     assert line.startswith("warning: data check: classes are imbalanced") and "inceptionlab data check" in line

@@ -20,7 +20,8 @@ def evaluate(
     weights: Optional[str] = options.weights_option(),
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (default: the run's data.root)."),
     split: Optional[str] = typer.Option(None, "--split", help="Split folder to score (default: the recipe's val split)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ (default: RUN/eval)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ and the "
+                                       "per-image results.csv + logits.npy (default: RUN/eval)."),
     tta: Optional[str] = options.tta_option("the model's own (spec.json); on the validation split the rule is "
                                             "fitted under it and saved with it"),
     reject: Optional[str] = typer.Option(
@@ -37,8 +38,8 @@ def evaluate(
     num_workers: Optional[int] = options.num_workers_option(),
     device: str = options.device_option(),
     as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples, "
-                                        "calibration (temperature, ECE and NLL before/after, reject), tta_gain, "
-                                        "outside_images, rule_saved_to"),
+                                        "files, calibration (temperature, ECE and NLL before/after, reject), tta_gain, "
+                                        "outside_images, rule_saved_to, note"),
 ) -> None:
     """Score a model on a labelled image split, and calibrate it.
 
@@ -58,6 +59,9 @@ def evaluate(
       inceptionlab evaluate RUN_DIR --split test --json  # the saved rule, reported on the test split
 
       inceptionlab evaluate --model inception_v3 --data data/tiny-imagenet-200 --json
+
+    Besides the summary it writes one row per image (results.csv, logits.npy): `inceptionlab report`
+    turns them into a page of the model's errors.
     """
     from inceptionlab.infer.decision import save_calibration
     from inceptionlab.infer.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
@@ -88,6 +92,8 @@ def evaluate(
     _print_table(report)
     print("\n".join(rule.lines()))
     print(f"wrote {paths['json']}, {paths['confusion_csv']}, {paths['confusion_png']}, {paths['reliability_png']}")
+    if "results_csv" in paths:
+        print(f"per-image results: {paths['results_csv']}; browse the errors: inceptionlab report {out}")
 
 
 def _reject_target(reject: Optional[str]) -> Any:

@@ -1,8 +1,9 @@
 """Calibrated scores and "unknown": temperature scaling, expected calibration error, a reject threshold.
 
 Everything here takes validation **logits** and labels (numpy, (N, C); a binary model's one logit z
-as the two logits [0, z], whose softmax is [1 - sigmoid(z), sigmoid(z)]), so the per-image results
-table's logits.npy and the logits `evaluate` has just computed feed the same functions.
+as the two logits [0, z], whose softmax is [1 - sigmoid(z), sigmoid(z)]): the per-image results table's
+(infer/results.py, `evaluate`'s eval/logits.npy), whether in memory right after `evaluate` scored them
+or read back with `read_results`.
 
 - `fit_temperature`: the T that minimises the negative log-likelihood of softmax(logits / T) (Guo
   et al., 2017). Fitted on logits, never on probabilities: a "temperature" applied to softmax outputs
@@ -20,7 +21,7 @@ table's logits.npy and the logits `evaluate` has just computed feed the same fun
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -35,34 +36,6 @@ ECE_BINS = 15  # Guo et al.'s reliability diagrams and ECE
 BETA_MIN, BETA_MAX = 1e-3, 100.0
 UNKNOWN = "unknown"  # the answer below the reject threshold
 TARGETS = ("precision", "coverage")
-
-
-def as_class_logits(logits: torch.Tensor) -> torch.Tensor:
-    """(N, C) logits unchanged; a binary model's (N,) or (N, 1) logit z -> (N, 2) [0, z]."""
-    if logits.ndim == 2 and logits.shape[1] > 1:
-        return logits.float()
-    z = logits.reshape(-1, 1).float()
-    return torch.cat([torch.zeros_like(z), z], dim=1)
-
-
-@dataclass
-class LogitsRecorder:
-    """Every batch's logits and targets (`engine.loop.evaluate(on_batch=recorder)`), kept on the device
-    and copied to the host once at the end, so recording adds no per-batch synchronisation."""
-
-    logits: list[torch.Tensor] = field(default_factory=list)
-    targets: list[torch.Tensor] = field(default_factory=list)
-
-    def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        self.logits.append(as_class_logits(logits.detach()))
-        self.targets.append(targets.detach())
-
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
-        """(float32 logits (N, C), int64 targets (N,)) in the order the batches came."""
-        if not self.logits:
-            return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
-        return (torch.cat(self.logits).cpu().numpy().astype(np.float32),
-                torch.cat(self.targets).cpu().numpy().astype(np.int64))
 
 
 def _check(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

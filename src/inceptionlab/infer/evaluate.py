@@ -26,7 +26,7 @@ from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json
-from inceptionlab.infer.calibrate import LogitsRecorder, as_class_logits
+from inceptionlab.infer.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
 from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
 from inceptionlab.models.registry import load_pretrained_model, load_run_model
@@ -71,23 +71,41 @@ def map_folders_to_model(folders: list[str], spec: ModelSpec, root: Path) -> lis
 
 
 @dataclass
-class Scores:
-    """Every scored image's logits, for calibration: as the model answered (averaged over the TTA
-    views, if any), and without TTA (view 0 of the same pass) to measure what TTA gained."""
+class PerImage:
+    """What the per-image results table (infer/results.py) is written from."""
 
-    logits: Any  # float32 (N, C) numpy array, a binary model's z as [0, z]
+    logits: Any  # float32 (N, C) numpy array, binary tasks as [0, z]
+    targets: Any  # int64 (N,) numpy array
+    samples: list[int]  # index of each row's sample in the split
+    files: list[str]  # each row's image file ("" for in-memory splits)
+    meta: dict[str, Any]  # model, data, split: where the rows came from
+
+    @classmethod
+    def collect(cls, recorder: LogitsRecorder, dataset: Any, skipped: list[str], meta: dict[str, Any]) -> "PerImage":
+        logits, targets = recorder.result()
+        rows = sample_files(dataset, skipped)
+        check_aligned(rows, targets)
+        return cls(logits, targets, rows.samples, rows.files, meta)
+
+
+@dataclass
+class Scores:
+    """Every scored image's logits, for calibration: the per-image table's (as the model answered,
+    averaged over the TTA views if any) and, with TTA, those of view 0 of the same pass (the image
+    itself) to measure what TTA gained."""
+
+    logits: Any  # float32 (N, C) numpy array, a binary model's z as [0, z]: the table's logits.npy
     targets: Any  # int64 (N,)
     tta: str = "none"
     plain_logits: Any = None  # float32 (N, C) without TTA; None when tta is none
     validation: bool = True  # scored on the split a checkpoint is chosen by: the one to fit a rule on
 
     @classmethod
-    def collect(cls, recorder: LogitsRecorder, runner: torch.nn.Module, tta: str, validation: bool) -> "Scores":
-        logits, targets = recorder.result()
+    def collect(cls, rows: PerImage, runner: torch.nn.Module, tta: str, validation: bool) -> "Scores":
         plain = None
         if isinstance(runner, TestTimeAugmented) and runner.plain:
-            plain = as_class_logits(torch.cat(runner.plain)).cpu().numpy().astype("float32")
-        return cls(logits, targets, tta, plain, validation)
+            plain = as_two_class(torch.cat(runner.plain)).cpu().numpy().astype("float32")
+        return cls(rows.logits, rows.targets, tta, plain, validation)
 
 
 @dataclass
@@ -95,6 +113,7 @@ class Evaluation:
     spec: ModelSpec
     result: dict[str, Any]
     present: list[int]  # model class indices that have samples
+    per_image: PerImage | None = None
     scores: Scores | None = None
 
     def report(self) -> dict[str, Any]:
@@ -148,8 +167,13 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     result = run_evaluation(runner, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
                             recorder=recorder)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
+    meta = {"task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()), "recipe": recipe.name,
+            "weights": str(weights) if weights else None, "data": str(getattr(dataset, "root", recipe.data.root or "")),
+            "split": split or getattr(recipe.data, "val_split", "val"), "train_split": getattr(recipe.data, "train_split", "train"),
+            "tta": mode}
+    rows = PerImage.collect(recorder, dataset, result["skipped"], meta)
     validation = split is None or split == recipe.data.val_split
-    return Evaluation(spec, result, present, Scores.collect(recorder, runner, mode, validation))
+    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, validation))
 
 
 def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.device, batch_size: int,
@@ -160,9 +184,13 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
     mapping = map_folders_to_model(dataset.classes, spec, root)
     runner, mode = _tta_runner(model, spec, tta)
     recorder = LogitsRecorder()
-    result = run_evaluation(runner, spec, TargetMap(dataset, mapping), device=device, batch_size=batch_size,
-                            num_workers=num_workers, recorder=recorder)
-    return Evaluation(spec, result, sorted(set(mapping)), Scores.collect(recorder, runner, mode, True))
+    mapped = TargetMap(dataset, mapping)
+    result = run_evaluation(runner, spec, mapped, device=device, batch_size=batch_size, num_workers=num_workers,
+                            recorder=recorder)
+    meta = {"task": spec.task, "model": name, "run_dir": None, "recipe": None, "weights": weights, "data": str(Path(root).absolute()),
+            "split": root.name, "train_split": None, "tta": mode}
+    rows = PerImage.collect(recorder, mapped, result["skipped"], meta)
+    return Evaluation(spec, result, sorted(set(mapping)), rows, Scores.collect(rows, runner, mode, True))
 
 
 def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
@@ -177,7 +205,17 @@ def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
     atomic_write_json(paths["json"], {**evaluation.report(), "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S")})
     write_confusion(paths["confusion_csv"], [evaluation.spec.labels[i] for i in present], confusion)
     plot_confusion(paths["confusion_csv"], paths["confusion_png"])
+    if evaluation.per_image is not None:
+        paths.update(save_per_image(evaluation, out_dir))
     return paths
+
+
+def save_per_image(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
+    """results.csv, logits.npy and results.json: one row per scored image (infer/results.py)."""
+    rows = evaluation.per_image
+    assert rows is not None
+    return write_results(out_dir, rows.logits, rows.targets, files=rows.files, samples=rows.samples,
+                         labels=evaluation.spec.labels, meta={**rows.meta, "class_names": evaluation.spec.class_names})
 
 
 

@@ -61,6 +61,9 @@ class ModelSpec:
     channels: int = 3  # image channels the model takes (1 for Fashion-MNIST)
     tokenizer: str | None = None  # for input_kind "tokens": the run's tokenizer file (raw text -> ids)
     sequence_length: int | None = None  # for input_kind "tokens": token ids per text
+    # Which weights the run keeps (model.pt, best.pt for inference, exports): "raw" (the optimizer's)
+    # or "ema" (their exponential moving average, ema.decay set: engine/ema.py).
+    weights: str = "raw"
     # The decision rule, fitted by `evaluate` on the validation split and applied by predict, export
     # (the graph's metadata, Triton's config) and serve (infer/calibrate.py, models/tta.py):
     temperature: float = 1.0  # calibrated probabilities: softmax(logits / temperature)

@@ -133,9 +133,9 @@ def count_findings(listing: DataListing) -> list[Finding]:
             "imbalance", "warning",
             f"classes are imbalanced: {present[most]} {train.name} images of {most}, {present[fewest]} of {fewest} "
             f"({present[most] / present[fewest]:.1f}x)",
-            "weight the loss by class with the weights below (n / (classes x n_c), a mean of 1 per image) or sample "
-            "classes evenly; judge the model by per-class recall, not top-1 alone; or collect more images of the "
-            "small classes", [], {"weights": weights, "counts": present}))
+            "weight the loss by class (--set train.class_weights=auto: the weights below) or draw classes evenly "
+            "(--set data.sampler=balanced); judge the model by per-class recall, not top-1 alone; or collect more "
+            "images of the small classes", [], {"weights": weights, "counts": present}))
     few = sorted((c for c, n in present.items() if n < FEW_IMAGES), key=present.get)
     if few:
         out.append(Finding("few_images", "warning", f"{len(few)} class(es) have fewer than {FEW_IMAGES} "
@@ -157,9 +157,11 @@ def per_class(split: SplitListing) -> dict[str, int]:
 
 
 def class_weights(counts: dict[str, int]) -> dict[str, float]:
-    """n / (classes x n_c) (scikit-learn's "balanced"): a mean weight of 1 per image."""
-    total, k = sum(counts.values()), len(counts)
-    return {c: round(total / (k * n), 4) for c, n in counts.items()}
+    """The loss weights `train.class_weights=auto` trains with: 1 / n_c, normalised to a mean of 1 over
+    the classes (data/loading/sampler.inverse_frequency at power 1; a test keeps the two equal)."""
+    inverse = {c: 1.0 / n for c, n in counts.items()}
+    mean = sum(inverse.values()) / len(inverse)
+    return {c: round(w / mean, 4) for c, w in inverse.items()}
 
 
 # --------------------------------------------------------------------------------------- from the scanned facts
