@@ -87,7 +87,10 @@ def read_splits(cfg: DataConfig) -> SplitPair:
     val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)
     reader = _reader(cfg)
     root = reader.root(cfg)
-    splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf)
+    # JPEGs decoded at a reduced scale as the decoded cache (training) and `evaluate` (validation) read them:
+    # every data path then validates on the pixels `evaluate`, `predict` and `serve` see.
+    splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf,
+                                 max_sides=(cfg.cache_size, cfg.val_resize_size))
     if reader.labels is not None:
         splits.class_labels = reader.labels(root, splits.class_names)
     return splits
@@ -108,7 +111,7 @@ def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -
     from inceptionlab.data.datasets.imagefolder import RobustImageFolder  # torchvision (~1.3 s): image folders only
 
     root = _reader(cfg).root(cfg)
-    return RobustImageFolder(root / (split or cfg.val_split), transform=transform)
+    return RobustImageFolder(root / (split or cfg.val_split), transform=transform, max_side=cfg.val_resize_size)
 
 
 # --- In-memory datasets: the original files are read into tensors once. ---------------------------

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from inceptionlab import hardware
-from inceptionlab.config import Recipe
+from inceptionlab.config import DataConfig, Recipe, needed_cache_size
 from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
 from inceptionlab.data.readers import READERS, read_splits
@@ -75,9 +75,11 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     threads = start_threads(recipe.train.threads, dist, device)
     seed_everything(recipe.train.seed + dist.rank, recipe.train.deterministic)
     splits, train_set, val_set = _read_data(recipe)
+    recipe, batch_notes = fit_batch_to_split(recipe, len(train_set), dist.world_size)
     num_classes = _num_classes(recipe, splits)
+    normalisation = (recipe.data.mean, recipe.data.std) if recipe.data.mean is not None else None
     built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
-                        **{**recipe.model.kwargs, **splits.model_kwargs})
+                        normalisation, **{**recipe.model.kwargs, **splits.model_kwargs})
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
     recipe, speed = resolve_speed_settings(recipe, built.model, task, device, _run_shape(recipe, splits, num_classes,
                                            len(train_set), dist), broadcast=_broadcaster(dist), fresh=fresh_speed,
@@ -92,10 +94,41 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
-    notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}",
+    notes = [*splits.notes, *batch_notes, *(cache_size_notes(recipe.data) if recipe.data.reader in READERS else []),
+             f"weights: {built.pretrained or 'random init (training from scratch)'}",
              speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
     return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
                            train_loader, val_loader, settings, notes, splits, test_loader, speed, threads)
+
+
+def fit_batch_to_split(recipe: Recipe, train_size: int, world_size: int) -> tuple[Recipe, list[str]]:
+    """The recipe with train.batch_size at most the training images per process, and what was changed.
+
+    Training drops the last partial batch (every step a full one), so a split smaller than one batch
+    would train no step at all: it trains on one smaller batch of all its images instead, and
+    recipe.resolved.yaml says so. One image per process is refused: BatchNorm in training mode needs
+    two values per channel."""
+    per_rank = -(-train_size // world_size)  # EpochSampler pads so every rank has this many
+    batch = recipe.train.batch_size
+    if per_rank < 2:
+        raise UserError(f"{recipe.data.root}: {per_rank} training image per process: training needs at least 2 "
+                        "per batch (BatchNorm); add images or run fewer processes")
+    if per_rank >= batch:
+        return recipe, []
+    note = (f"the training split has {per_rank} training images per process, fewer than train.batch_size={batch}: "
+            f"each epoch is one batch of {per_rank}")
+    return replace(recipe, train=replace(recipe.train, batch_size=per_rank)), [note]
+
+
+def cache_size_notes(data: DataConfig) -> list[str]:
+    """A warning when data.cache_size keeps images smaller than the eval resize or the training crop
+    needs (validation would upsample what `evaluate` resizes from the file)."""
+    needed = needed_cache_size(data)
+    if data.cache_size is None or needed is None or data.cache_size >= needed:
+        return []
+    return [f"warning: data.cache_size={data.cache_size} keeps a photo's shorter side at {data.cache_size} px, "
+            f"below the {needed} px the model resizes to (data.val_resize_size, data.train_crop_size): validation "
+            f"upsamples such images and differs from `evaluate`; set data.cache_size=null (or {needed})"]
 
 
 def start_threads(requested: int | None, dist: DistInfo, device: torch.device) -> hardware.ThreadGovernor:
@@ -184,7 +217,7 @@ def _build_loaders(recipe: Recipe, splits: Any, train_set: Any, val_set: Any, di
     cfg = recipe.data
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
                   pin_memory=device.type == "cuda", device=device, mode=cfg.loader,
-                  images=_device_image_options(recipe))
+                  images=_device_image_options(recipe), local_world_size=dist.local_world_size)
     train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, **common)
     val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)
     test_loader = None

@@ -119,7 +119,7 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
                         num_workers: int | None) -> Evaluation:
     model, spec = load_pretrained_model(name, weights)
     root = data / "val" if (data / "val").is_dir() else data
-    dataset = RobustImageFolder(root, transform=spec.eval_transform())
+    dataset = RobustImageFolder(root, transform=spec.eval_transform(), max_side=spec.resize_size)
     mapping = map_folders_to_model(dataset.classes, spec, root)
     result = run_evaluation(model, spec, TargetMap(dataset, mapping), device=device, batch_size=batch_size,
                             num_workers=num_workers)

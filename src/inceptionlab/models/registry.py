@@ -15,10 +15,10 @@ import torch
 from torch import nn
 
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.config import DataConfig
+from inceptionlab.config import DataConfig, needed_cache_size
 from inceptionlab.errors import UserError
 from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
-from inceptionlab.models.spec import ModelSpec, Preprocessing
+from inceptionlab.models.spec import IMAGENET_MEAN, IMAGENET_STD, ModelSpec, Preprocessing
 
 if TYPE_CHECKING:
     import torchvision  # ~1.3 s: text and array runs never need it
@@ -37,7 +37,8 @@ _OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
 
 # Builder arguments torchvision's builders set by themselves when given pretrained weights: the
 # Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
-# `transform_input=True` recreates from ImageNet-normalised tensors inside the model.
+# `transform_input=True` recreates from ImageNet-normalised tensors inside the model (its constants are
+# ImageNet's: `build_model` turns it off for any other normalisation, `_transform_input_for`).
 _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
     "inception_v3": {"transform_input": True, "aux_logits": True, "init_weights": False},
     "googlenet": {"transform_input": True, "aux_logits": True, "init_weights": False},
@@ -181,14 +182,30 @@ def _want_pretrained(name: str, weights: str | None) -> str | None:
     return weights
 
 
+def _transform_input_for(normalisation: tuple[Any, Any] | None) -> bool:
+    """Whether Inception/GoogLeNet's `transform_input` gives the pretrained weights their [-1, 1] inputs:
+    only for ImageNet's mean/std, the constants it inverts. The demo's 0.5/0.5 already gives [-1, 1];
+    converted again, the network saw about half the range it was trained on. Any other normalisation is
+    fed as the recipe gives it (None: the caller's inputs are ImageNet-normalised, as pretrained specs are)."""
+    if normalisation is None:
+        return True
+    mean, std = normalisation
+    close = lambda a, b: len(a) == len(b) and all(abs(x - y) < 1e-6 for x, y in zip(a, b))  # noqa: E731
+    return close(list(mean), IMAGENET_MEAN) and close(list(std), IMAGENET_STD)
+
+
 def build_model(
     name: str,
     num_classes: int,
     weights: str | None = None,
     aux_loss_weight: float | None = None,
+    normalisation: tuple[Any, Any] | None = None,
     **kwargs: Any,
 ) -> BuiltModel:
-    """A model ready to train or run: pretrained weights loaded, heads sized to `num_classes`."""
+    """A model ready to train or run: pretrained weights loaded, heads sized to `num_classes`.
+
+    `normalisation`: the (mean, std) its inputs are normalised with, which decides Inception/GoogLeNet's
+    `transform_input` for pretrained weights (`_transform_input_for`)."""
     _check_known(name)
     if name in _OWN_MODELS:
         if weights not in (None, "imagenet_if_cached"):
@@ -209,6 +226,8 @@ def build_model(
     meta = default_weights(name).meta
     source_classes = list(meta["categories"])
     pretrained_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **kwargs}
+    if "transform_input" in pretrained_kwargs and "transform_input" not in kwargs:
+        pretrained_kwargs["transform_input"] = _transform_input_for(normalisation)
     model = _tv_models().get_model(name, weights=None, num_classes=len(source_classes), **pretrained_kwargs)
     try:
         model.load_state_dict(state)
@@ -267,7 +286,7 @@ def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
         return data
     crop = _first_set(data.val_crop_size, defaults.crop_size)
     try:
-        return replace(
+        filled = replace(
             data,
             val_resize_size=_first_set(data.val_resize_size, defaults.resize_size),
             val_crop_size=crop,
@@ -276,6 +295,8 @@ def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
             mean=list(_first_set(data.mean, defaults.mean)),
             std=list(_first_set(data.std, defaults.std)),
         )
+        # The decoded cache keeps what the eval resize and a whole-image training crop need.
+        return replace(filled, cache_size=_first_set(filled.cache_size, needed_cache_size(filled)))
     except ValueError as exc:
         raise UserError(f"{exc} (after filling the empty data fields from {model_name}'s defaults)") from None
 

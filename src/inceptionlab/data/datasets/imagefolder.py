@@ -11,6 +11,7 @@ Decisions (also in the README):
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,17 @@ from inceptionlab.errors import UserError
 
 
 class RobustImageFolder(ImageFolder):
-    """ImageFolder whose items are `(image, target)` or `None` for an undecodable file."""
+    """ImageFolder whose items are `(image, target)` or `None` for an undecodable file.
 
-    def __init__(self, root: Path, transform: Any = None):
+    `max_side`: JPEGs are decoded at the smallest reduced scale whose shorter side is still at least
+    this (PIL draft), as `predict`, `serve` and the decoded cache read them (the model's eval resize)."""
+
+    def __init__(self, root: Path, transform: Any = None, max_side: int | None = None):
         self.ignored_files: list[str] = []
         root = Path(root)
         _check_class_folders(root)
-        super().__init__(str(root), transform=transform, loader=load_rgb, is_valid_file=self._is_image)
+        loader = partial(load_rgb, max_side=max_side) if max_side else load_rgb
+        super().__init__(str(root), transform=transform, loader=loader, is_valid_file=self._is_image)
 
     def _is_image(self, path: str) -> bool:
         if path.lower().endswith(IMAGE_EXTENSIONS):
@@ -72,9 +77,11 @@ def check_same_classes(train_root: Path, train_classes: list[str], val_root: Pat
     )
 
 
-def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: Any, val_tf: Any) -> SplitPair:
-    train = RobustImageFolder(root / train_split, transform=train_tf)
-    val = RobustImageFolder(root / val_split, transform=val_tf)
+def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: Any, val_tf: Any,
+                        max_sides: tuple[int | None, int | None] = (None, None)) -> SplitPair:
+    """`max_sides`: the JPEG decoding hint (RobustImageFolder's `max_side`) of train and val."""
+    train = RobustImageFolder(root / train_split, transform=train_tf, max_side=max_sides[0])
+    val = RobustImageFolder(root / val_split, transform=val_tf, max_side=max_sides[1])
     check_same_classes(root / train_split, train.classes, root / val_split, val.classes)
     notes = []
     ignored = len(train.ignored_files) + len(val.ignored_files)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
+from inceptionlab.config import needed_cache_size
 from inceptionlab.data.transforms.device import DEFAULT_RATIO, DeviceAugment
 from inceptionlab.runtime import AUTOCAST_DTYPES
 
@@ -30,9 +31,10 @@ class DeviceImageOptions:
     val_crop_size: int = 299
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
-    cache_size: int = 342
+    cache_size: int = 342  # shorter side kept, px (decoded_cache.kept_size)
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
+    interpolation: str = "bilinear"  # the recipe's data.interpolation: the cache's resize and the device resampler
 
     @classmethod
     def from_recipe(cls, recipe: Any, device: torch.device | str = "cpu") -> "DeviceImageOptions":
@@ -50,14 +52,15 @@ class DeviceImageOptions:
         channels_last = train.channels_last if isinstance(train.channels_last, bool) else True
         return cls(data.train_crop_size, tuple(data.train_crop_scale), DEFAULT_RATIO, data.hflip,
                    data.val_resize_size, data.val_crop_size, tuple(data.mean), tuple(data.std),
-                   data.cache_size, AUTOCAST_DTYPES[precision] or torch.float32, channels_last)
+                   data.cache_size or needed_cache_size(data), AUTOCAST_DTYPES[precision] or torch.float32,
+                   channels_last, data.interpolation or "bilinear")
 
     def augment(self, train: bool) -> DeviceAugment:
         if train:
             return DeviceAugment(self.train_size, self.mean, self.std, True, self.scale, self.ratio, self.hflip,
-                                 dtype=self.dtype, channels_last=self.channels_last)
+                                 dtype=self.dtype, channels_last=self.channels_last, interpolation=self.interpolation)
         return DeviceAugment(self.val_crop_size, self.mean, self.std, False, resize_size=self.val_resize_size,
-                             dtype=self.dtype, channels_last=self.channels_last)
+                             dtype=self.dtype, channels_last=self.channels_last, interpolation=self.interpolation)
 
 
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
