@@ -163,3 +163,17 @@ def test_validation_equals_evaluate_on_real_photos(tmp_path):
     scored = evaluate_run(outcome.run_dir, None, None, device=torch.device("cpu"), batch_size=3, num_workers=0)
     assert row["val_samples"] == scored.result["samples"] == len(images)
     assert row["val_loss"] == pytest.approx(scored.result["loss"], rel=1e-5, abs=1e-6)
+
+
+def test_the_banded_width_product_equals_the_dense_one():
+    """Sources wider than the output (photos) skip the width product's zeros on a CPU: same values."""
+    from inceptionlab.data.transforms.device import _operand, _widths_first, axis_weights
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (3, 3, 20, 90), generator=generator, dtype=torch.uint8)
+    start, width = torch.tensor([0, 10, 30]), torch.tensor([90, 61, 40])
+    cols = axis_weights(start, width, width.double() / 32, torch.zeros(3, dtype=torch.long), 32, 90, True, "bicubic")
+    dense = _widths_first(_operand(images, torch.float32, None, False), cols, 32, banded=False)
+    banded = _widths_first(_operand(images, torch.float32, None, True), cols, 32, banded=True)
+    assert banded.shape == dense.shape == (3, 3, 20, 32)
+    assert torch.allclose(banded, dense, atol=1e-4)

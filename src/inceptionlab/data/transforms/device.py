@@ -253,10 +253,13 @@ def resample(
     dtype: torch.dtype = torch.float32,
     channels_last: bool = True,
     interpolation: str = "bilinear",
+    normalise: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Crop each box and resize it to out_size x out_size; (N, C, S, S) -> (N, C, out, out).
 
-    `interpolation` is the recipe's (`axis_weights`): bilinear, bicubic or nearest.
+    `interpolation` is the recipe's (`axis_weights`): bilinear, bicubic or nearest. `normalise`:
+    (mean, 1 / std) in the input's units, (1, C, 1, 1), applied while the input is converted to `dtype`
+    (rows of the interpolation matrices sum to 1, so the result is the same up to rounding).
 
     Without `resized`, box n of the source is stretched to the output (RandomResizedCrop). With
     `resized=(heights, widths)`, the source is first resized to those sizes and the box is a crop
@@ -286,20 +289,55 @@ def resample(
     if flip is not None:
         cols = torch.where(flip[:, None, None], cols.flip(1), cols)
     channels = images.shape[1]
-    # Two batched products, nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one,
-    # whose result is permuted (3.7 M values for 64 x 64 px sources) so that the large one,
-    # (N, out, H) @ (N, H, out*C), writes NHWC: channels_last without another copy of the output.
-    # Only the large one skips its zeros: skipping the small one's too leaves its result as (N, out,
-    # C, H), and the copy into the large one's operand cost what the zeros had (both stages over
-    # per-block bands, AVX2-capped AMD EPYC, one run: 15.3-16.2 ms per 64-image batch against
-    # 14.2-15.2 channels_last, 16.3-16.9 against 15.6-15.9 NCHW).
-    x = images.to(dtype).reshape(n, channels * src_h, src_w)
-    narrow = torch.bmm(x, cols.to(dtype).transpose(1, 2)).view(n, channels, src_h, out_size)
+    # Two batched products, nothing per image. Widths first (N, C*H, W) @ (N, W, out): the small one
+    # for sources smaller than the output, whose result is permuted (3.7 M values for 64 x 64 px
+    # sources) so that the large one, (N, out, H) @ (N, H, out*C), writes NHWC: channels_last without
+    # another copy of the output. There only the large one skips its zeros: skipping the small one's
+    # too leaves its result as (N, out, C, H), and the copy into the large one's operand cost what the
+    # zeros had (both stages over per-block bands, AVX2-capped AMD EPYC, one run: 15.3-16.2 ms per
+    # 64-image batch against 14.2-15.2 channels_last, 16.3-16.9 against 15.6-15.9 NCHW). Photos cached
+    # at 342 x 456 are wider than the output: there the width product is the large one and skips its
+    # zeros too (`_banded_widths`).
+    banded = images.device.type == "cpu" and bool((extent_x > out_size).any())  # a host read only on a CPU
+    narrow = _widths_first(_operand(images, dtype, normalise, banded), cols.to(dtype), out_size, banded)
     if not channels_last:  # (N, 1, out, H) @ (N, C, H, out): NCHW; the rows are shared by the channels
         return banded_matmul(rows.to(dtype), narrow)
     narrow = narrow.permute(0, 2, 3, 1).reshape(n, 1, src_h, out_size * channels)
     out = banded_matmul(rows.to(dtype), narrow).view(n, out_size, out_size, channels)
     return out.permute(0, 3, 1, 2)  # (N, C, out, out) in channels_last memory order
+
+
+def _operand(images: torch.Tensor, dtype: torch.dtype, normalise: tuple[torch.Tensor, torch.Tensor] | None,
+             columns_first: bool) -> torch.Tensor:
+    """The input as `dtype` (normalised when asked), in one pass: (N, C, H, W), or (N, W, C, H) for the
+    banded width product, whose table rows are the source's columns."""
+    view = images.permute(0, 3, 1, 2) if columns_first else images
+    out = torch.empty(view.shape, dtype=dtype, device=images.device)
+    if normalise is None:
+        return out.copy_(view)
+    mean, inv_std = (t.permute(0, 3, 1, 2) if columns_first else t for t in normalise)
+    return torch.addcmul(-mean * inv_std, view, inv_std, out=out)  # (x - mean) / std, computed in float32
+
+
+def _widths_first(x: torch.Tensor, cols: torch.Tensor, out_size: int, banded: bool) -> torch.Tensor:
+    """x @ cols^T (N, W, out) -> (N, C, H, out); x is (N, C, H, W), or (N, W, C, H) when `banded`.
+
+    Dense, except on a CPU where some source is wider than the output (photos cached at 342 x 456): an
+    output column has 3-4 taps there, not 456, and the dense product was half of DeviceAugment's CPU
+    time on such batches (one profile, AVX2-capped AMD EPYC); so each output column is a bag of its
+    source columns (`embedding_bag`). Decided from the boxes, never from the padding, so a resident
+    batch and a streamed one (other padding) take the same path."""
+    if not banded:
+        n, channels, src_h, src_w = x.shape
+        return torch.bmm(x.reshape(n, channels * src_h, src_w), cols.transpose(1, 2)).view(n, channels, src_h, out_size)
+    n, src_w, channels, src_h = x.shape
+    start, span = row_taps(cols, bounded=False)
+    index = start[:, :, None] + torch.arange(span, device=x.device)  # (N, out, span) source columns
+    weights = cols.gather(2, index)
+    rows = index + (torch.arange(n, device=x.device) * src_w)[:, None, None]
+    summed = F.embedding_bag(rows.reshape(-1, span), x.reshape(n * src_w, channels * src_h), mode="sum",
+                             per_sample_weights=weights.reshape(-1, span))
+    return summed.view(n, out_size, channels, src_h).permute(0, 2, 3, 1)  # (N, C, H, out), a view
 
 
 def banded_matmul(weights: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
@@ -329,15 +367,15 @@ def banded_matmul(weights: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
     return summed.view(n, extra, out, length)
 
 
-def row_taps(weights: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+def row_taps(weights: torch.Tensor, bounded: bool = True) -> tuple[torch.Tensor, int] | None:
     """Per output row, the first of `span` consecutive source rows that hold all its non-zero
-    weights, (N, out), and that span; None where the span is more than half the source."""
+    weights, (N, out), and that span; None where the span is more than half the source (`bounded`)."""
     n, out, src = weights.shape
     used = (weights != 0).to(torch.int8)
     first = used.argmax(dim=2)
     last = src - 1 - used.flip(2).argmax(dim=2)
     span = int((last - first + 1).max())
-    if 2 * span > src:
+    if bounded and 2 * span > src:
         return None
     return torch.clamp(first, max=src - span), span  # near the edge the window slides in, still covering the taps
 
@@ -393,11 +431,10 @@ class DeviceAugment:
             flip = None
             if self.hflip:
                 flip = torch.rand(len(heights), generator=generator, device=images.device) < 0.5
-            # Normalising the 64 px source, not the 299 px output, is 22x fewer elements; rows of the
-            # interpolation matrices sum to 1, so the result is the same up to rounding.
-            source = (images.float() - mean) * inv_std
-            out = resample(source, boxes, self.out_size, flip=flip, dtype=self.dtype, channels_last=self.channels_last,
-                           interpolation=self.interpolation)
+            # Normalising the 64 px source, not the 299 px output, is 22x fewer elements, and it happens
+            # in the pass that converts the uint8 source anyway.
+            out = resample(images, boxes, self.out_size, flip=flip, dtype=self.dtype, channels_last=self.channels_last,
+                           interpolation=self.interpolation, normalise=(mean, inv_std))
         else:
             boxes, new_h, new_w = center_crop_boxes(heights, widths, self.resize_size or self.out_size, self.out_size)
             pixels = resample(images, boxes, self.out_size, resized=(new_h, new_w), source_sizes=(heights, widths),
