@@ -155,7 +155,7 @@ def main() -> None:
         sync()
         return x
 
-    # The dtype `auto` trains in here: bf16 only where the device has bf16 units (hardware.py's probe).
+    # The dtype `auto` trains in here: bf16 only where the device has bf16 units (inceptionlab.hardware's probe).
     dtype = DeviceImageOptions.from_recipe(load_recipe("inception_v3/tiny_imagenet", ["train.precision=auto"]),
                                            device).dtype
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from inceptionlab import doctor_speed, hardware
+from inceptionlab import hardware
+from inceptionlab.doctor import speed as doctor_speed
 
 
 def test_doctor_shows_what_auto_picks_for_training_and_serving(cli):

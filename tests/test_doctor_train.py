@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from inceptionlab import doctor_train
-from inceptionlab.doctor_train import TrainCheckSettings, load_digits_tensors, train_checks, train_on_device
+from inceptionlab.doctor import train_check as doctor_train
+from inceptionlab.doctor.train_check import TrainCheckSettings, load_digits_tensors, train_checks, train_on_device
 
 # seconds=0: stop at min_steps (30), about 0.5 s on one CPU thread.
 FAST = TrainCheckSettings(seconds=0.0)

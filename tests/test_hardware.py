@@ -1,4 +1,4 @@
-"""hardware.py: what `auto` decides, from fake probes and fake timings, and on this real host."""
+"""inceptionlab.hardware: what `auto` decides, from fake probes and fake timings, and on this real host."""
 
 from __future__ import annotations
 
@@ -438,7 +438,7 @@ def test_a_serving_decision_is_cached_per_key(tmp_path: Path):
 
 
 def test_the_cli_points_miopen_at_a_writable_per_version_folder_before_torch_loads(tmp_path, monkeypatch):
-    monkeypatch.setattr(hardware, "rocm_build_tag", lambda version=None: "rocm6.4")
+    monkeypatch.setattr(hardware.miopen, "rocm_build_tag", lambda version=None: "rocm6.4")
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     chosen = hardware.prepare_process_environment(env)
     assert env["MIOPEN_USER_DB_PATH"] == chosen["MIOPEN_USER_DB_PATH"] == str(tmp_path / "inceptionlab/miopen/rocm6.4/db")

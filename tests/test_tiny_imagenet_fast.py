@@ -49,7 +49,7 @@ def test_fine_tuning_values():
     assert r.optim.lr == pytest.approx(0.01 * r.train.batch_size / 256)  # linear scaling, fine-tuning base
     assert r.train.batch_size >= 128 and 15 <= r.train.epochs <= 30
     assert (r.model.weights, r.model.aux_loss_weight, r.train.label_smoothing) == ("imagenet", 0.4, 0.1)
-    # Speed settings are decided on the machine that trains (hardware.py), never pinned from another one.
+    # Speed settings are decided on the machine that trains (inceptionlab.hardware), never pinned from another one.
     assert (r.train.precision, r.train.channels_last, r.train.compile) == ("auto", "auto", "auto")
     assert (r.schedule.name, r.schedule.warmup_epochs, r.schedule.warmup_start_factor) == ("cosine", 2, 0.1)
     assert r.data.loader == "resident"

@@ -55,7 +55,7 @@ def package_versions() -> dict[str, str]:
     return found
 
 
-# The /proc/cpuinfo flags that decide CPU speed settings (hardware.py): AVX2 only, AVX-512, bf16 units
+# The /proc/cpuinfo flags that decide CPU speed settings (inceptionlab.hardware): AVX2 only, AVX-512, bf16 units
 # (AVX-512 bf16 on Zen 4 and Cooper Lake, AMX on Sapphire Rapids), fp16 units.
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "amx_fp16")
 

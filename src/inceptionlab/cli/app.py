@@ -24,7 +24,7 @@ import typer
 
 # The command modules import only typer and the shared options at the top: what a command runs is
 # imported inside it, so registering all of them costs no start-up time.
-from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, serve, train
+from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, report, serve, train
 from inceptionlab.errors import INTERNAL_ERROR_EXIT, UserError, summary_of
 
 app = typer.Typer(
@@ -109,7 +109,7 @@ def _report_program_failure(exc: Exception) -> None:
 
 
 def _register() -> None:
-    for module in (doctor, train, evaluate, predict, export, bench, plot, demo, serve, loadtest):
+    for module in (doctor, train, evaluate, report, predict, export, bench, plot, demo, serve, loadtest):
         module.register(app)
     app.add_typer(data.app, name="data")
 
@@ -118,7 +118,7 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Before any command imports torch: MIOpen reads its cache locations once, at load (hardware.py).
+    # Before any command imports torch: MIOpen reads its cache locations once, at load (inceptionlab.hardware).
     from inceptionlab.hardware import prepare_process_environment
     from inceptionlab.host import keep_freed_memory
 

@@ -58,9 +58,9 @@ def doctor(
     """
     # Imported here so `inceptionlab --help` does not pay for importing torch.
     from inceptionlab.doctor import run_doctor
-    from inceptionlab.doctor_train import TrainCheckSettings
+    from inceptionlab.doctor.train_check import TrainCheckSettings
 
-    from inceptionlab.doctor_speed import format_rows, speed_settings
+    from inceptionlab.doctor.speed import format_rows, speed_settings
 
     train = TrainCheckSettings(seconds=train_seconds) if train_check else None
     report = run_doctor(expect_gpu=expect_gpu, train=train)

@@ -10,7 +10,8 @@ trains with it (and said), or refused with a one-line error before the session i
 - `optim.lr` scales every parameter group's rate and the schedule's base rates by new / old: the
   restored optimizer state would otherwise bring the old rate back while recipe.resolved.yaml said
   the new one;
-- settings of the loop and the data path (`RESUMABLE`) are taken as they are;
+- settings of the loop, the data path and the augmentation (`RESUMABLE`, `RESUMABLE_SECTIONS`) are
+  taken as they are;
 - everything else (the model, the optimizer's name and its other values, the schedule, the data's
   shape and splits, the batch size and the seed, which fix the sample order) is refused.
 """
@@ -35,7 +36,11 @@ RESUMABLE = frozenset({
     "train.early_stop_patience", "train.early_stop_min_delta", "train.threads", "train.device",
     "train.deterministic", "train.grad_clip_norm", "train.label_smoothing", "train.precision",
     "train.channels_last", "train.compile", "data.root", "data.download", "data.num_workers", "data.loader",
+    "data.hflip", "data.train_crop_scale",
 })
+# Whole sections a resumed run takes as they are: the training augmentation holds no checkpoint state
+# (turning MixUp off for the last epochs, say, is a legitimate change mid-run).
+RESUMABLE_SECTIONS = ("augment.",)
 
 # Why a refused key cannot change, by its section (the first match of the key's prefix).
 WHY_NOT = (
@@ -82,11 +87,11 @@ def resume_changes(ckpt: dict[str, Any], recipe: Recipe, run: Path) -> list[Chan
 
 def _check(change: Change, saved: dict[str, Any], ckpt: dict[str, Any], run: Path) -> None:
     done = int(ckpt["epoch"])
-    if change.key not in RESUMABLE:
+    if change.key not in RESUMABLE and not change.key.startswith(RESUMABLE_SECTIONS):
         why = next(reason for prefix, reason in WHY_NOT if change.key.startswith(prefix))
         raise UserError(f"--resume {run}: {change.key} cannot change on resume ({change.old} -> {change.new}): {why}; "
                         f"start a new run for it (on resume only {', '.join(sorted(RESUMABLE - {'description'}))} "
-                        "may change)")
+                        "and the augment section may change)")
     if change.key == "train.epochs" and change.new <= done:
         raise UserError(f"--resume {run}: train.epochs={change.new}, but the run has done {done} epochs already; "
                         f"give more than {done}")

@@ -1,6 +1,6 @@
 """`auto` speed settings of a training run, decided on this run's model, input, batch and device.
 
-hardware.py rules candidates out by probe and picks among the rest by images/s; this module supplies
+inceptionlab.hardware rules candidates out by probe and picks among the rest by images/s; this module supplies
 the measurement: forward + loss + backward + optimizer step on a private copy of the run's model with
 synthetic inputs of the run's shape, so the run itself (its weights, optimizer, RNG streams) is exactly
 what it would have been with the chosen values set by hand. Under torchrun rank 0 decides and every

@@ -1,6 +1,6 @@
 """`auto` precision and memory format for eager PyTorch inference (bench, serve, doctor).
 
-hardware.py rules candidates out by probe; this module times the rest as inference runs them: a
+inceptionlab.hardware rules candidates out by probe; this module times the rest as inference runs them: a
 private copy of the model in eval mode, `torch.inference_mode`, autocast, at the batch that will be
 served or benchmarked, warm-up excluded. Reduced precisions chosen here still face the agreement
 rule (infer/quantize.py) wherever the caller applies it (serve, bench).

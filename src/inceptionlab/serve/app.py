@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inceptionlab.errors import UserError
+from inceptionlab.serve.explain import ExplainService, install_explain_route
 from inceptionlab.serve.live import LiveStats
 from inceptionlab.serve.metrics import PROTOCOLS
 from inceptionlab.serve.models import ServedModel
@@ -142,9 +143,10 @@ class RequestIds:
 
 
 def create_app(models: list[ServedModel], settings: RequestSettings | None = None,
-               grpc_address: str | None = None) -> FastAPI:
+               grpc_address: str | None = None, explain: ExplainService | None = None) -> FastAPI:
     """The HTTP app; with `grpc_address` (HOST:PORT, port 0 for any free one) it also serves gRPC,
-    started and drained with the app (the bound port is `app.state.serve.grpc_port`)."""
+    started and drained with the app (the bound port is `app.state.serve.grpc_port`); with `explain`
+    (explain.py), POST /v1/explain answers Grad-CAM overlays (else it says how to turn them on)."""
     state = ServeState(models, settings or RequestSettings())
     live = LiveStats(state.metrics)
 
@@ -177,6 +179,7 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     _oip_routes(app, state)
     _classify_routes(app, state)
     _live_routes(app, state, live)
+    install_explain_route(app, state, explain)
     return app
 
 
