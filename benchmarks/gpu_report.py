@@ -361,7 +361,8 @@ def plan(machine: Machine, data: Path, work: Path, dry_run: bool = False) -> lis
              skip=None if ort else "ONNX Runtime has no GPU provider here (the CPU-only onnxruntime is installed: "
                                    "onnxruntime-gpu for CUDA/TensorRT, onnxruntime-migraphx for ROCm)"),
         Part("serve", f"serve sweep: eager fp16 over HTTP, {' and '.join(serve_plans)}",
-             [py, str(BENCHMARKS / "serve.py"), "--backend", "eager", "--precision", "fp16", "--configs",
+             [py, str(BENCHMARKS / "serve.py"), "--models", "inception_v3", "--peer", "none",
+              "--backend", "eager", "--precision", "fp16", "--configs",
               ",".join(serve_plans), "--protocols", "http", "--duration", "2", "--max-steps", "3",
               "--min-requests", "20", "--bench-iters", "10", "--out", str(work / "serve")], result_rows("serve"),
              env=results,

@@ -4,16 +4,16 @@ A checkpoint holds the optimizer's state, the schedule's position and the model'
 under the recipe it was saved with. A value changed on resume is either applied so that the run really
 trains with it (and said), or refused with a one-line error before the session is built:
 
-- `train.epochs` trains to the new last epoch; a cosine schedule is stretched to end there,
-  continuing from the current rate (a finished cosine run with `schedule.min_lr: 0` is refused: its
-  rate is 0, more epochs would not train);
+- `train.epochs` trains to the new last epoch; the schedule, like every `schedule.*` value, is the new
+  recipe's at the step reached (engine/optim.py's schedule is a function of the step built from the
+  recipe; the checkpoint holds only its position);
 - `optim.lr` scales every parameter group's rate and the schedule's base rates by new / old: the
   restored optimizer state would otherwise bring the old rate back while recipe.resolved.yaml said
   the new one;
-- settings of the loop, the data path and the augmentation (`RESUMABLE`, `RESUMABLE_SECTIONS`) are
-  taken as they are;
-- everything else (the model, the optimizer's name and its other values, the schedule, the data's
-  shape and splits, the batch size and the seed, which fix the sample order) is refused.
+- settings of the loop, the loss, the data path, the augmentation and the schedule (`RESUMABLE`,
+  `RESUMABLE_SECTIONS`) are taken as they are;
+- everything else (the model, the optimizer's name and its other values, fine-tuning stages and EMA,
+  the data's shape and splits, the batch size and the seed, which fix the sample order) is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
-
-from torch.optim import lr_scheduler
 
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import Recipe, recipe_to_dict
@@ -36,17 +34,18 @@ RESUMABLE = frozenset({
     "train.early_stop_patience", "train.early_stop_min_delta", "train.threads", "train.device",
     "train.deterministic", "train.grad_clip_norm", "train.label_smoothing", "train.precision",
     "train.channels_last", "train.compile", "data.root", "data.download", "data.num_workers", "data.loader",
-    "data.hflip", "data.train_crop_scale",
+    "data.hflip", "data.train_crop_scale", "train.micro_batch_size", "train.class_weights",
+    "train.class_weight_power",
 })
 # Whole sections a resumed run takes as they are: the training augmentation holds no checkpoint state
-# (turning MixUp off for the last epochs, say, is a legitimate change mid-run).
-RESUMABLE_SECTIONS = ("augment.",)
+# (turning MixUp off for the last epochs, say, is a legitimate change mid-run), and the schedule is
+# recomputed from the recipe at the step the checkpoint reached.
+RESUMABLE_SECTIONS = ("augment.", "schedule.")
 
 # Why a refused key cannot change, by its section (the first match of the key's prefix).
 WHY_NOT = (
     ("model.", "the checkpoint holds this model's weights"),
     ("optim.", "the checkpoint holds the optimizer's state for the old value"),
-    ("schedule.", "the checkpoint holds the schedule's position for the old value"),
     ("train.batch_size", "the sample order and the step to resume at follow from it"),
     ("train.seed", "the sample order and the augmentation follow from it"),
     ("train.best_metric", "best.pt and early stopping have tracked the old metric"),
@@ -91,14 +90,10 @@ def _check(change: Change, saved: dict[str, Any], ckpt: dict[str, Any], run: Pat
         why = next(reason for prefix, reason in WHY_NOT if change.key.startswith(prefix))
         raise UserError(f"--resume {run}: {change.key} cannot change on resume ({change.old} -> {change.new}): {why}; "
                         f"start a new run for it (on resume only {', '.join(sorted(RESUMABLE - {'description'}))} "
-                        "and the augment section may change)")
+                        "and the augment and schedule sections may change)")
     if change.key == "train.epochs" and change.new <= done:
         raise UserError(f"--resume {run}: train.epochs={change.new}, but the run has done {done} epochs already; "
                         f"give more than {done}")
-    if (change.key == "train.epochs" and saved.get("schedule.name") == "cosine" and done >= change.old
-            and not saved.get("schedule.min_lr")):
-        raise UserError(f"--resume {run}: its cosine schedule ended at epoch {done} with the rate at "
-                        "schedule.min_lr=0: more epochs would not train; start a new run from its weights")
     if change.key == "train.precision" and "fp16" in (change.old, change.new):
         raise UserError(f"--resume {run}: train.precision cannot change to or from fp16 on resume "
                         f"({change.old} -> {change.new}): the checkpoint's loss scaler state belongs to it")
@@ -116,23 +111,13 @@ def refuse_finished(ckpt: dict[str, Any], recipe: Recipe, run: Path) -> None:
                         f"add --set train.epochs=N with N > {epochs}")
 
 
-def cosine_lengths(scheduler: Any) -> list[int | None]:
-    """T_max of each cosine part of `scheduler` (what train.epochs decides), in `_parts` order."""
-    return [part.T_max if isinstance(part, lr_scheduler.CosineAnnealingLR) else None for part in _parts(scheduler)]
-
-
-def apply_changes(changes: list[Change], optimizer: Any, scheduler: Any, fresh_lengths: list[int | None]) -> list[str]:
+def apply_changes(changes: list[Change], optimizer: Any, scheduler: Any) -> list[str]:
     """Make the restored optimizer and schedule follow the changed values; returns what was done, to say."""
     said = []
     for change in changes:
         if change.key == "optim.lr":
             said.append(f"{change} (each parameter group's rate x{change.new / change.old:g})")
             _scale_rates(optimizer, scheduler, change.new / change.old)
-        elif change.key == "train.epochs":
-            for part, length in zip(_parts(scheduler), fresh_lengths):
-                if length is not None:
-                    part.T_max = length  # recursive cosine: continues from the current rate, ends at the new end
-            said.append(str(change))
         else:
             said.append(str(change))
     return said

@@ -76,16 +76,23 @@ from inceptionlab.hardware.miopen import MIOPEN_VARS, miopen_environment, prepar
 from inceptionlab.hardware.probe import conv_slowdown, cpu_facts, device_facts, emulation_warning, gpu_facts
 from inceptionlab.hardware.serving import (
     AUTO_MAX_BATCH,
-    BATCHING_PAYS,
+    DEFAULT_SLO_MS,
+    LIGHT_LOAD,
     MAX_AUTO_INSTANCES,
     SERVE_BUDGET_S,
+    SLO_RATE_MARGIN,
+    PlanLatency,
     ServeDecision,
     ServePlan,
     auto_delay_ms,
+    batch_times,
     decide_serving,
     instance_threads,
+    measured_plans,
     pick_plan,
+    plan_delay_ms,
     serve_plans,
+    simulate_plans,
 )
 from inceptionlab.hardware.threads import (
     CpuSample,
@@ -98,13 +105,14 @@ from inceptionlab.hardware.threads import (
 
 __all__ = [
     "AMD_BF16_PREFIXES", "AMD_FP16_SLOW_PREFIXES", "AMD_NHWC_UNPROVEN_PREFIXES", "AUTO", "AUTO_ENV", "AUTO_MAX_BATCH",
-    "BATCHING_PAYS", "CALIBRATION_BUDGET_S", "CLEAR_MARGIN", "MAX_AUTO_INSTANCES", "MAX_TIMED_STEPS", "MIN_TIMED_STEPS",
-    "MIOPEN_VARS", "NVIDIA_BF16_FROM", "NVIDIA_FP16_FROM", "NVIDIA_TF32_FROM", "SAFE", "SERVE_BUDGET_S", "CacheKey",
-    "Candidate", "CpuSample", "Decision", "DeviceFacts", "Measure", "ServeDecision", "ServePlan", "SpeedCache",
-    "ThreadGovernor", "Wanted", "auto_delay_ms", "auto_is_safe", "baseline_of", "cache_root", "cgroup_cpu_quota",
-    "compile_options", "conv_slowdown", "cpu_facts", "cpu_sample", "cudnn_benchmark", "decide", "decide_serving",
-    "device_facts", "emulation_warning", "gflop_per_sample", "gpu_facts", "gpu_facts_from", "gpu_settings",
-    "instance_threads", "layout_options", "make_key", "measured_figures", "miopen_environment", "no_bf16_reason",
-    "pick", "pick_plan", "plan_candidates", "precision_options", "prepare_process_environment", "replace_choice",
-    "rocm_build_tag", "serve_plans", "thread_limit", "time_steps", "usable_cpus",
+    "CALIBRATION_BUDGET_S", "CLEAR_MARGIN", "DEFAULT_SLO_MS", "LIGHT_LOAD", "MAX_AUTO_INSTANCES", "MAX_TIMED_STEPS",
+    "MIN_TIMED_STEPS", "MIOPEN_VARS", "NVIDIA_BF16_FROM", "NVIDIA_FP16_FROM", "NVIDIA_TF32_FROM", "SAFE",
+    "SERVE_BUDGET_S", "SLO_RATE_MARGIN", "CacheKey", "Candidate", "CpuSample", "Decision", "DeviceFacts", "Measure",
+    "PlanLatency", "ServeDecision", "ServePlan", "SpeedCache", "ThreadGovernor", "Wanted", "auto_delay_ms",
+    "auto_is_safe", "baseline_of", "batch_times", "cache_root", "cgroup_cpu_quota", "compile_options",
+    "conv_slowdown", "cpu_facts", "cpu_sample", "cudnn_benchmark", "decide", "decide_serving", "device_facts",
+    "emulation_warning", "gflop_per_sample", "gpu_facts", "gpu_facts_from", "gpu_settings", "instance_threads",
+    "layout_options", "make_key", "measured_figures", "measured_plans", "miopen_environment", "no_bf16_reason",
+    "pick", "pick_plan", "plan_candidates", "plan_delay_ms", "precision_options", "prepare_process_environment",
+    "replace_choice", "rocm_build_tag", "serve_plans", "simulate_plans", "thread_limit", "time_steps", "usable_cpus",
 ]

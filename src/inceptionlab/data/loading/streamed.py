@@ -120,6 +120,7 @@ def stream_image_loader(
     world_size: int,
     device: torch.device,
     num_workers: int | None,
+    weights: torch.Tensor | None = None,
     sharers: int = 1,
 ) -> StreamImageLoader | None:
     """A StreamImageLoader for an image folder (or a Subset of one); None for any other dataset.
@@ -134,7 +135,8 @@ def stream_image_loader(
     folder, indices = found
     samples = [folder.samples[i] for i in indices]
     files = _StreamFiles(samples, options.cache_size, options.interpolation)
-    sampler = EpochSampler(len(files), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
+    sampler = EpochSampler(len(files), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train,
+                           weights=weights)
     workers = default_num_workers() if num_workers is None else num_workers
     # A batch (PadBatch): uint8, batch x 3 x its images' stored sides (estimated from a few headers).
     height, width = stored_canvas(samples, options.cache_size)
