@@ -67,8 +67,13 @@ SCHEDULES: dict[str, Callable[[ScheduleConfig, int, float], Callable[[int], floa
     "constant": _constant,
 }
 
-# Normalisation layers whose weights get no weight decay (torchvision references' norm_weight_decay).
-NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm)
+# Normalisation layers whose weights get no weight decay (torchvision references' norm_weight_decay; the
+# public classes, where the references name torch's private bases _BatchNorm and _InstanceNorm).
+NORM_LAYERS = (
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm,
+    nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+    nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm,
+)
 
 
 def _can_fuse(params: list[torch.nn.Parameter]) -> bool:
