@@ -54,7 +54,7 @@ class RunArtifacts:
     def checkpoint(self, s: TrainingSession, point: ResumePoint, best: bool = False) -> None:
         """last.pt (and best.pt when `best`): everything `--resume` needs."""
         ckpt = training_checkpoint(s.resumable_parts(), point, class_names=s.spec.class_names,
-                                   recipe=recipe_to_dict(s.recipe), spec=s.spec.to_dict())
+                                   recipe=recipe_to_dict(s.recipe), spec=s.spec.to_dict(), device=s.device)
         atomic_torch_save(ckpt, self.run.last)
         if best:
             atomic_torch_save(ckpt, self.run.best)

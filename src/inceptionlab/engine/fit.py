@@ -147,7 +147,7 @@ def _start(r: _Run, resume: Path | None) -> ResumePoint:
     start = ResumePoint(0, 0, r.best.state(), None)
     if resume is not None:
         start = restore_training(load_checkpoint(r.artifacts.run.last), r.s.resumable_parts(), r.s.spec.class_names,
-                                 r.s.dist.rank)
+                                 r.s.dist.rank, r.s.device)
         r.best.load(start)
         r.report.say(f"resuming {r.artifacts.run.path} at epoch {start.epoch + 1}, step {start.step_in_epoch}")
     r.artifacts.start(r.s, start if resume is not None else None)
@@ -215,7 +215,7 @@ def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
 def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:
     """Where training stands, with every rank's RNG state for the checkpoint (checkpoint.py says why).
     A collective under DDP: every rank gets here at the same point of the loop."""
-    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(), r.s.dist))
+    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(r.s.device), r.s.dist))
 
 
 def _should_end(r: _Run, epoch: int, result: EpochResult) -> bool:
