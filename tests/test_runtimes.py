@@ -136,6 +136,72 @@ def test_a_silent_fallback_to_cpu_is_caught(tiny, monkeypatch):
         RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cuda", "cuda"), batch=1)
 
 
+class FakeOrt:
+    """onnxruntime's surface as OrtSession uses it, recording which device each call names."""
+
+    __version__ = "0.0-fake"
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        fake = self
+
+        class SessionOptions:
+            pass
+
+        class GraphOptimizationLevel:
+            ORT_ENABLE_ALL, ORT_DISABLE_ALL = 99, 0
+
+        class Binding:
+            def bind_ortvalue_input(self, name, value):
+                fake.calls.append(("input", name, value))
+
+            def bind_output(self, name, device_type="cpu", device_id=0):
+                fake.calls.append(("output", name, device_type, device_id))
+
+            def get_outputs(self):
+                return ["logits"]
+
+        class InferenceSession:
+            def __init__(self, path, options, providers):
+                fake.calls.append(("providers", providers))
+                self.providers = providers
+
+            def get_providers(self):
+                return [self.providers[0][0]]
+
+            def io_binding(self):
+                return Binding()
+
+            def run_with_iobinding(self, binding):
+                fake.calls.append(("run",))
+
+        class OrtValue:
+            @staticmethod
+            def ortvalue_from_numpy(array, device_type="cpu", device_id=0):
+                fake.calls.append(("place", device_type, device_id))
+                return array
+
+        self.SessionOptions, self.GraphOptimizationLevel = SessionOptions, GraphOptimizationLevel
+        self.InferenceSession, self.OrtValue = InferenceSession, OrtValue
+
+
+def test_onnxruntime_gpu_providers_run_on_the_devices_gpu_not_gpu_0(tiny, tmp_path, monkeypatch):
+    """--device cuda:1: every provider's device_id, the input placed and the output bound on GPU 1."""
+    import inceptionlab.infer.runtimes as runtimes
+
+    for name in ("cuda", "tensorrt", "migraphx"):
+        options = runtimes.ORT_PROVIDERS[name].options("fp32", tmp_path, Target("cuda:1"), "images:2x3x32x32")
+        assert options["device_id"] == "1", name
+    fake = FakeOrt()
+    monkeypatch.setattr(runtimes, "import_onnxruntime", lambda: fake)
+    monkeypatch.setattr(runtimes, "ort_installed_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    session = RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cuda:1", "cuda"), batch=2)
+    session.run(session.place(random_inputs(2, (3, 32, 32))))
+    [(_, providers)] = [call for call in fake.calls if call[0] == "providers"]
+    assert providers[0][0] == "CUDAExecutionProvider" and providers[0][1]["device_id"] == "1"
+    assert ("place", "cuda", 1) in fake.calls and ("output", "logits", "cuda", 1) in fake.calls
+
+
 def test_onnxruntime_reuses_its_optimized_graph_from_disk(tiny):
     cache = tiny.cache / "onnxruntime"
     RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cpu"), batch=1)
@@ -293,3 +359,18 @@ def test_onnxruntime_gpu_provider_really_runs_on_the_gpu(tiny):
     inputs = random_inputs(4, (3, 32, 32))
     want = torch_logits(tiny.source.model, inputs)
     assert np.abs(session.predict(inputs) - want).max() <= 1e-3 * np.abs(want).max()
+
+
+@gpu
+def test_onnxruntime_runs_on_the_last_gpu_when_asked(tiny):
+    """--device cuda:N with N the last visible GPU (N > 0 on a multi-GPU host): ORT's device_id follows it."""
+    last = f"cuda:{torch.cuda.device_count() - 1}"
+    try:
+        choose_ort_provider(Target(last))
+    except UserError as exc:
+        pytest.skip(str(exc))
+    session = RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target(last), batch=2)
+    inputs = random_inputs(4, (3, 32, 32))
+    want = torch_logits(tiny.source.model, inputs)
+    assert np.abs(session.predict(inputs) - want).max() <= 1e-3 * np.abs(want).max()
+    assert session.io_device_id == (torch.cuda.device_count() - 1 if session.io_device == "cuda" else 0)

@@ -68,6 +68,18 @@ class Target:
     def device_type(self) -> str:
         return torch.device(self.device).type
 
+    @property
+    def device_index(self) -> int:
+        """The GPU's index, for runtimes that take one (ONNX Runtime's device_id): `cuda:N` is N, plain
+        `cuda` torch's current device (0 until torch has initialised CUDA: asking would initialise it); 0
+        on the CPU."""
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            return 0
+        if device.index is not None:
+            return device.index
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+
 
 @dataclass
 class Artifacts:
@@ -320,13 +332,14 @@ def _no_options(precision: str, cache: Path, target: Target, shape: str) -> dict
 
 def _cuda_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
     # EXHAUSTIVE tries every cuDNN algorithm once per shape (the tuning step), HEURISTIC asks cuDNN.
-    return {"device_id": "0", "cudnn_conv_algo_search": "EXHAUSTIVE" if target.tune else "HEURISTIC"}
+    search = "EXHAUSTIVE" if target.tune else "HEURISTIC"
+    return {"device_id": str(target.device_index), "cudnn_conv_algo_search": search}
 
 
 def _tensorrt_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
     # One optimisation profile per batch size; engines and timing caches are reused across runs.
     return {
-        "device_id": "0",
+        "device_id": str(target.device_index),
         "trt_fp16_enable": _flag(precision == "fp16"),
         "trt_int8_enable": _flag(precision == "int8"),  # the QDQ model carries its own scales
         "trt_engine_cache_enable": "1",
@@ -341,7 +354,7 @@ def _tensorrt_options(precision: str, cache: Path, target: Target, shape: str) -
 def _migraphx_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
     # The guide's MIGraphX step: compile (cached on disk) and, with --tune, exhaustive kernel tuning.
     return {
-        "device_id": "0",
+        "device_id": str(target.device_index),
         "migraphx_fp16_enable": _flag(precision == "fp16"),
         "migraphx_exhaustive_tune": _flag(target.tune),
         "migraphx_model_cache_dir": str(cache / "migraphx"),
@@ -431,6 +444,8 @@ class OrtSession(RuntimeSession):
                  cache: Path, input_shape: tuple[int, ...]):
         ort = import_onnxruntime()
         self.ort, self.batch, self.io_device = ort, batch, provider.io_device
+        # Inputs and outputs bound on the run's GPU (host memory for MIGraphX): the provider's device_id.
+        self.io_device_id = target.device_index if provider.io_device == "cuda" else 0
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -481,11 +496,11 @@ class OrtSession(RuntimeSession):
         return model, publish
 
     def place(self, inputs: np.ndarray) -> Any:
-        return self.ort.OrtValue.ortvalue_from_numpy(inputs, self.io_device, 0)
+        return self.ort.OrtValue.ortvalue_from_numpy(inputs, self.io_device, self.io_device_id)
 
     def run(self, placed: Any) -> Any:
         self.binding.bind_ortvalue_input(INPUT_NAME, placed)
-        self.binding.bind_output(OUTPUT_NAME, self.io_device)
+        self.binding.bind_output(OUTPUT_NAME, self.io_device, self.io_device_id)
         # Synchronous: ORT waits for the device stream before returning (its default).
         self.session.run_with_iobinding(self.binding)
         return self.binding.get_outputs()[0]
