@@ -17,7 +17,7 @@ from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import any_rank, gather_from_all
+from inceptionlab.engine.distributed import agree_at_log, gather_from_all
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
 from inceptionlab.engine.session import TrainingSession, build_training_session
@@ -169,7 +169,8 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
     r.lr = s.optimizer.param_groups[0]["lr"]
     try:
         return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
-                               on_log=log, should_stop=lambda: any_rank(r.stop.requested, s.dist, s.device)), steps_in_epoch
+                               on_log=log, agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device)
+                               ), steps_in_epoch
     except NonFiniteLoss as exc:
         raise UserError(
             f"training diverged in epoch {epoch + 1}: {exc}; kept the last good checkpoint in "
