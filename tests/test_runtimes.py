@@ -132,6 +132,7 @@ def test_a_silent_fallback_to_cpu_is_caught(tiny, monkeypatch):
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime really has the CUDA provider")
     monkeypatch.setattr(runtimes, "ort_installed_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(hardware, "device_facts", lambda device: hardware.gpu_facts_from("H100", "cuda", 9, 0))
     with pytest.raises(UserError, match="fell back from CUDAExecutionProvider to CPUExecutionProvider"):
         RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cuda", "cuda"), batch=1)
 
@@ -189,9 +190,15 @@ def test_onnxruntime_gpu_providers_run_on_the_devices_gpu_not_gpu_0(tiny, tmp_pa
     """--device cuda:1: every provider's device_id, the input placed and the output bound on GPU 1."""
     import inceptionlab.infer.runtimes as runtimes
 
+    monkeypatch.setattr(hardware, "device_facts", lambda device: hardware.gpu_facts_from("H100", "cuda", 9, 0))
     for name in ("cuda", "tensorrt", "migraphx"):
         options = runtimes.ORT_PROVIDERS[name].options("fp32", tmp_path, Target("cuda:1"), "images:2x3x32x32")
         assert options["device_id"] == "1", name
+    cuda = runtimes.ORT_PROVIDERS["cuda"].options
+    # cuDNN as PyTorch's rows get it on this GPU (hardware.backends): the autotuner, TF32 for fp32 only.
+    assert cuda("fp32", tmp_path, Target("cuda:1"), "")["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    assert (cuda("fp32", tmp_path, Target("cuda:1"), "")["use_tf32"], cuda("fp16", tmp_path, Target("cuda:1"), "")[
+        "use_tf32"]) == ("1", "0")
     fake = FakeOrt()
     monkeypatch.setattr(runtimes, "import_onnxruntime", lambda: fake)
     monkeypatch.setattr(runtimes, "ort_installed_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, RunDir, training_checkpoint
 from inceptionlab.config import recipe_to_dict, recipe_to_yaml
 from inceptionlab.engine.session import TrainingSession
@@ -21,7 +22,8 @@ from inceptionlab.runtime import environment
 
 def run_environment(s: TrainingSession) -> dict[str, Any]:
     """env.json: the machine record, and what `auto` chose for this run with its evidence."""
-    env = environment(s.device, s.dist.world_size)
+    env = environment(s.device, s.dist.world_size,
+                      hardware.backends.record(hardware.device_facts(s.device), s.recipe.train.deterministic))
     if s.speed is not None:
         env["speed"] = s.speed.to_dict()
     return env

@@ -28,11 +28,11 @@ environment from here before torch loads):
 - `calibration`: timing the candidates within a budget and the `Decision`;
 - `serving`: serving plans (instances x max batch) and their decision;
 - `threads`: usable CPUs and the thread governor;
-- `backends`: cuDNN's autotuner and TF32 for a run;
+- `backends`: cuDNN's autotuner and TF32, one setting per device and precision, for every command;
 - `miopen`: MIOpen's cache folders, set before torch is imported.
 """
 
-from inceptionlab.hardware.backends import cudnn_benchmark, gpu_settings
+from inceptionlab.hardware.backends import GpuSettings, apply_gpu_settings, cudnn_benchmark, gpu_settings, settings_for
 from inceptionlab.hardware.cache import CacheKey, SpeedCache, cache_root, make_key
 from inceptionlab.hardware.calibration import (
     CALIBRATION_BUDGET_S,
@@ -101,7 +101,7 @@ __all__ = [
     "BATCHING_PAYS", "CALIBRATION_BUDGET_S", "CLEAR_MARGIN", "MAX_AUTO_INSTANCES", "MAX_TIMED_STEPS", "MIN_TIMED_STEPS",
     "MIOPEN_VARS", "NVIDIA_BF16_FROM", "NVIDIA_FP16_FROM", "NVIDIA_TF32_FROM", "SAFE", "SERVE_BUDGET_S", "CacheKey",
     "Candidate", "CpuSample", "Decision", "DeviceFacts", "Measure", "ServeDecision", "ServePlan", "SpeedCache",
-    "ThreadGovernor", "Wanted", "auto_delay_ms", "auto_is_safe", "baseline_of", "cache_root", "cgroup_cpu_quota",
+    "ThreadGovernor", "Wanted", "GpuSettings", "apply_gpu_settings", "settings_for", "auto_delay_ms", "auto_is_safe", "baseline_of", "cache_root", "cgroup_cpu_quota",
     "compile_options", "conv_slowdown", "cpu_facts", "cpu_sample", "cudnn_benchmark", "decide", "decide_serving",
     "device_facts", "emulation_warning", "gflop_per_sample", "gpu_facts", "gpu_facts_from", "gpu_settings",
     "instance_threads", "layout_options", "make_key", "measured_figures", "miopen_environment", "no_bf16_reason",

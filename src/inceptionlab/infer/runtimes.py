@@ -29,6 +29,7 @@ from typing import Any, Callable, ClassVar, Iterator
 import numpy as np
 import torch
 
+from inceptionlab import hardware
 from inceptionlab.errors import ProgramError, UserError, summary_of
 from inceptionlab.fileio import sha256_file
 from inceptionlab.host import cpu_model_name
@@ -331,9 +332,12 @@ def _no_options(precision: str, cache: Path, target: Target, shape: str) -> dict
 
 
 def _cuda_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
-    # EXHAUSTIVE tries every cuDNN algorithm once per shape (the tuning step), HEURISTIC asks cuDNN.
-    search = "EXHAUSTIVE" if target.tune else "HEURISTIC"
-    return {"device_id": str(target.device_index), "cudnn_conv_algo_search": search}
+    # The cuDNN settings PyTorch's rows get (hardware.backends): EXHAUSTIVE tries every cuDNN algorithm
+    # once per shape (what cudnn.benchmark does), HEURISTIC asks cuDNN; TF32 for fp32 where it is on.
+    settings = hardware.settings_for(hardware.device_facts(target.device), precision)
+    tuned = target.tune or (settings is not None and settings.cudnn_benchmark)
+    return {"device_id": str(target.device_index), "cudnn_conv_algo_search": "EXHAUSTIVE" if tuned else "HEURISTIC",
+            "use_tf32": _flag(settings is not None and settings.tf32)}
 
 
 def _tensorrt_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:

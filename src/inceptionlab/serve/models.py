@@ -302,6 +302,9 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
         opener = _text_opener(settings, run_dir)
     else:
         opener = _image_opener(settings, run_dir, model)
+    # The cuDNN autotuner and TF32 of this precision (hardware.backends), for the plan's measurement, the
+    # warm-up and every request after: the server's process runs this model until it exits.
+    hardware.apply_gpu_settings(hardware.device_facts(settings.device), opener.precision)
     decision = decide_plan(opener, settings)
     buckets = batch_buckets(decision.plan.max_batch)
     engines = [opener.engine(buckets, decision.threads) for _ in range(decision.plan.instances)]
