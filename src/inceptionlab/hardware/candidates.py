@@ -74,8 +74,9 @@ def layout_options(facts: DeviceFacts, env: Mapping[str, str]) -> tuple[list[boo
 
 
 def compile_options(facts: DeviceFacts, training: bool) -> tuple[list[bool], str]:
-    """torch.compile is decided by the probe alone: timing it would cost its own compile (tens of
-    seconds to minutes for Inception v3), above the calibration bound.
+    """torch.compile is decided by the probe alone, never timed: timing it would cost its own compile
+    (tens of seconds to minutes for Inception v3, each candidate again), far above the calibration's
+    bound, and under torchrun the other ranks would wait that long in their first collective.
 
     Off on CPUs (inductor's CPU training kernels gained nothing over oneDNN in our runs and the
     compile takes minutes on 2 cores), off on ROCm (can be slower than eager: pytorch/pytorch#187065),
@@ -111,12 +112,15 @@ def plan_candidates(facts: DeviceFacts, wanted: Wanted, *, training: bool, long_
         layouts = [bool(wanted.channels_last)]
     if wanted.compile == AUTO:
         compiles, why = compile_options(facts, training)
+        compiled = long_run and True in compiles
         if not long_run and True in compiles:
-            compiles, why = [False], "torch.compile: the run is too short to amortise the compile"
+            why = "torch.compile: the run is too short to amortise the compile"
         reasons["compile"] = why
     else:
-        compiles = [bool(wanted.compile)]
-    candidates = [Candidate(p, cl, c) for p in precisions for cl in layouts for c in compiles]
+        compiled = bool(wanted.compile)
+    # One compile value for every candidate: the probe's (or the user's). The calibration times them
+    # eager and the choice carries it (calibration.decide).
+    candidates = [Candidate(p, cl, compiled) for p in precisions for cl in layouts]
     return candidates, reasons
 
 
