@@ -314,6 +314,8 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     started = time.perf_counter()
     warm_up(served)
     served.warmup_s = time.perf_counter() - started
+    # What ran, as the warm-up found it: a compiled model that fell back to eager says so (runtimes.py).
+    served.provider = next(iter(engines[0].sessions.values())).provider
     return served
 
 
