@@ -3,6 +3,7 @@ the run's own model and resident data are placed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from inceptionlab import hardware
@@ -50,3 +51,22 @@ def test_the_calibrations_memory_goes_back_to_the_gpu_before_the_run_places_its_
     emptied.clear()
     resolve_speed_settings(recipe, model, task, torch.device("cpu"), shape)
     assert emptied == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_on_this_gpu_the_calibration_is_bounded_compiles_nothing_and_gives_its_memory_back(monkeypatch, tmp_path):
+    import time
+
+    monkeypatch.setenv("INCEPTIONLAB_AUTO", "measure")
+    compiled: list[object] = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, *a, **k: compiled.append(model) or real(model, *a, **k))
+    device = torch.device("cuda", 0)
+    recipe, model, task, shape = small_cnn_run("train.compile=true", "train.batch_size=64")
+    baseline = torch.cuda.memory_reserved(device)
+    started = time.perf_counter()
+    resolved, decision = resolve_speed_settings(recipe, model, task, device, shape, fresh=True)
+    assert time.perf_counter() - started < hardware.CALIBRATION_BUDGET_S + 30  # budget + warm-ups and set-up
+    assert compiled == [] and decision.choice.compile and decision.source == "measured"
+    assert torch.cuda.memory_reserved(device) <= baseline + 64 * 2**20  # the candidates' blocks given back

@@ -467,3 +467,17 @@ def test_onnxruntime_runs_on_the_last_gpu_when_asked(tiny):
     want = torch_logits(tiny.source.model, inputs)
     assert np.abs(session.predict(inputs) - want).max() <= 1e-3 * np.abs(want).max()
     assert session.io_device_id == (torch.cuda.device_count() - 1 if session.io_device == "cuda" else 0)
+
+
+@gpu
+def test_compiled_serving_on_the_gpu_compiles_once_for_every_bucket_without_falling_back(tmp_path, fresh_dynamo):
+    tiny = tiny_artifacts(tmp_path, 0)
+    sessions = [RUNTIMES["compile"].open(tiny, "fp32", "channels_last", Target("cuda"), 8) for _ in range(2)]
+    inputs = random_inputs(8, (3, 32, 32))
+    want = torch_logits(tiny.source.model, inputs)
+    for session in sessions:
+        for batch in (1, 2, 4, 8):
+            got = session.to_numpy(session.run(session.place(inputs[:batch])))
+            assert np.abs(got - want[:batch]).max() <= 1e-2 * np.abs(want).max()
+    assert sessions[0].compiled is sessions[1].compiled
+    assert not sessions[0].compiled.fell_back and "fell back" not in sessions[1].provider
