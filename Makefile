@@ -18,7 +18,7 @@ SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)'
 	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --onnx-runtime '$(ONNX_RUNTIME)' \
 	--extras test,demo
 
-.PHONY: setup setup-plan demo test docs docs-serve bench gpu-report lint proto clean
+.PHONY: setup setup-plan demo test docs docs-serve bench gpu-report gpu-wheels gpu-report-offline lint proto clean
 
 setup: $(VENV)/.installed
 
@@ -58,12 +58,22 @@ docs-serve: setup
 bench: setup
 	$(PY) benchmarks/train_throughput.py
 
-# The GPU figures in one go, within 25 minutes (benchmarks/gpu_report.py): doctor and --train-check, the
-# GPU-marked tests, Inception v3 training img/s (the guide's loop, auto, the synthetic ceiling), bench with
-# ONNX Runtime's GPU providers and a serve sweep; one JSON and one Markdown report in benchmarks/results/.
-# GPU_REPORT_ARGS=--dry-run plans it all and runs only the doctor.
+# The GPU figures in one go, within 8 minutes (benchmarks/gpu_report.py): the doctor, Inception v3 training
+# img/s (the guide's loop against auto), the sync-debug tests, the calibration end to end, the other
+# GPU-marked tests, bench of eager and torch.compile (and ONNX Runtime's GPU provider), a short serve sweep;
+# a JSON and a Markdown report in $(OUT) (benchmarks/results/ when unset), rewritten after every part.
+# GPU_REPORT_ARGS=--dry-run checks every part's command and runs only the doctor.
 gpu-report: setup
 	$(PY) benchmarks/gpu_report.py $(GPU_REPORT_ARGS)
+
+# For a GPU machine without network (docs/testing.md): the wheels of what its image lacks (tools/gpu_image.toml)
+# into .gpu-wheels/, a tiny-imagenet subset into .gpu-data/; both carried with the tree (64 MiB in all).
+gpu-wheels:
+	$(PYTHON) tools/gpu_offline.py wheels
+
+# There: a venv over the image's torch, the package installed from .gpu-wheels only, then the report.
+gpu-report-offline:
+	$(PYTHON) tools/gpu_offline.py report $(GPU_REPORT_ARGS)
 
 lint: setup
 	$(PY) -m pip install -q ruff

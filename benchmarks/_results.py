@@ -53,8 +53,10 @@ def machine_slug(env: dict[str, Any]) -> str:
 
 def write_result(benchmark: str, rows: list[dict[str, Any]], *, title: str, columns: Iterable[Column],
                  settings: dict[str, Any], device: str = "cpu", details: dict[str, Any] | None = None,
-                 folder: Path | None = None, env: dict[str, Any] | None = None) -> Path:
-    """Write one result file atomically and return its path; `details` holds what no table shows."""
+                 folder: Path | None = None, env: dict[str, Any] | None = None, stamp: str | None = None,
+                 quiet: bool = False) -> Path:
+    """Write one result file atomically and return its path; `details` holds what no table shows.
+    `stamp`: the file's time (default now); a report rewritten as it goes passes the same one each time."""
     from inceptionlab.fileio import atomic_write_json  # here: the renderer needs neither torch nor the package
 
     if env is None:
@@ -64,10 +66,11 @@ def write_result(benchmark: str, rows: list[dict[str, Any]], *, title: str, colu
     record = {"schema": SCHEMA, "benchmark": benchmark, "title": title,
               "command": shlex.join(["python", *sys.argv]), "settings": settings,
               "columns": [list(column) for column in columns], "rows": rows, "env": env, **(details or {})}
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
     path = (folder or results_folder()) / f"{benchmark}--{machine_slug(env)}--{stamp}.json"
     atomic_write_json(path, record)
-    print(f"result: {path}", flush=True)
+    if not quiet:
+        print(f"result: {path}", flush=True)
     return path
 
 

@@ -17,7 +17,7 @@ the package's own `prepare_tiny_imagenet`, read by the `tiny_imagenet` reader):
 
 Each row: `--warmup` batches (worker start-up), then `--batches` timed batches, device synchronised.
 The guide's row runs on the C library's default heap, as its script would; the package's rows run with
-freed blocks kept for reuse, as every `inceptionlab` command does (`host.keep_freed_memory`).
+freed blocks kept for reuse, as `inceptionlab train` does (`host.keep_freed_memory`).
 
     python benchmarks/data_throughput.py [--data /work/shared/data/tiny-imagenet-200] [--batch 64]
         [--batches 20] [--workers 2] [--json]

@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/exports"))
     parser.add_argument("--json", action="store_true", help="Also print every row as JSON.")
     args = parser.parse_args()
-    keep_freed_memory()  # the heap every `inceptionlab` command runs on
+    keep_freed_memory()  # the heap `inceptionlab bench` runs on
 
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     source = load_source(args.run, None if args.run else args.model, None if args.run else args.weights, args.out)

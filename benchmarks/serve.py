@@ -1,37 +1,54 @@
 """Serving benchmark: the highest Poisson rate each serving configuration holds under a p99 SLO, over HTTP
-and gRPC, and its saturation throughput against `bench`, measured in one run.
+and gRPC, its saturation throughput against `bench`, and a peer server on the same export, measured in
+one run, for each model asked for.
+
+Models (`--models`): `demo`, the demo's Inception v3 at 80 px (small per-image cost: the server's own
+work per request, and any stall, shows), and pretrained ones at their own size (`inception_v3`: 299 px,
+where inference dominates). The demo run is `--demo-run RUN_DIR`, else the demo trained for one epoch
+here (latency does not depend on the weights: pretrained models get random weights, seed 0).
 
 The configurations are the fixed plans that `serve --instances auto --max-batch auto` chooses from on
 this machine (hardware.serve_plans: 1, 2, ... instances, one per CPU at most, x max batch 1 or 32; each
-instance gets its share of the CPUs) and `auto` itself, decided afresh at start-up (`--calibrate`).
-Each runs as its own `inceptionlab serve` subprocess on 127.0.0.1 with an HTTP and a gRPC port; for
-each protocol, with the loadtest library:
+instance gets its share of the CPUs) and `auto` itself, decided afresh at start-up (`--calibrate`) for the
+run's SLO (`--slo-ms`). Each runs as its own `inceptionlab serve` subprocess on 127.0.0.1 with an HTTP and
+a gRPC port; for each protocol, with the loadtest library:
 
 1. saturation: a closed loop (2 x max batch x instances clients, at least 4) of preprocessed UINT8
    tensors, and over HTTP of JPEG files too: the server's throughput and the share decoding costs;
 2. low load: an open-loop Poisson run at --low-rate (p50/p99 when batches rarely form);
 3. sweep: the highest Poisson rate whose p99 stays <= the SLO (rate x1.5 until it fails, then bisect).
 
-Then the server stops (SIGTERM) and, last, `bench` times the same runtime and precision in this process
-at each max batch (no server running): server/bench = saturation with tensors / bench images/s at the
-same batch size, what HTTP or gRPC, parsing, batching and the event loop cost.
+Then the server stops (SIGTERM) and `bench` times the same runtime and precision in this process at each
+max batch (no server running): server/bench = saturation with tensors / bench images/s at the same batch
+size, what HTTP or gRPC, parsing, batching and the event loop cost.
 
-Targets (2 CPUs): `auto` holds at least the rate of the best fixed plan, and gRPC's saturation
-throughput is at least HTTP's; the summary under the table says whether each held in this run.
+The peer (`--peer litserve`): LitServe + ONNX Runtime on the model's own ONNX export
+(benchmarks/litserve_peer.py), the server a user would assemble. It and `auto` run side by side, and the
+same client sends both the same requests (encoded images in the protocol's plain JSON form, the one both
+read) at the same Poisson rates: low load, then the SLO sweep, `--repeat` times, alternating servers, so
+each repetition of one meets the same machine as its twin.
 
-    python benchmarks/serve.py                                   # ~15 minutes on 2 cores
-    python benchmarks/serve.py --duration 10 --configs 1x1,auto --protocols grpc
+Targets: `auto` holds at least the rate of the best fixed plan; gRPC's saturation throughput is at least
+HTTP's; on the demo model, `auto`'s SLO rate is at least 2x the peer's in every repetition. The summary
+under the table says whether each held in this run.
 
-Latency does not depend on the weights' values: random weights (seed 0) are used. The load generator
-shares the cores with the server; its own CPU use is in each row of the result file, and the load
-average before and after each configuration is in the table (other processes distort every figure).
+    python benchmarks/serve.py                                   # both models, the peer: ~40 minutes on 2 cores
+    python benchmarks/serve.py --models demo --configs auto --protocols http --repeat 3
+    python benchmarks/serve.py --models inception_v3 --duration 10 --configs 1x1,auto --protocols grpc --peer none
+
+The load generator shares the cores with the server; its own CPU use is in each row of the result file,
+and the load average before and after each configuration is in the table (other processes distort every
+figure).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import math
 import os
+import statistics
 import signal
 import socket
 import subprocess
@@ -49,6 +66,9 @@ from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep
 
 PROTOCOLS = ("http", "grpc")
 READY_TIMEOUT_S = 900  # first start exports Inception v3, compiles each batch size, checks reduced precisions
+PEERS = ("litserve", "none")
+PEER_SCRIPT = Path(__file__).resolve().with_name("litserve_peer.py")
+PEER_TARGET = 2.0  # the demo model: our SLO rate at least this multiple of the peer's, every repetition
 
 
 def fixed_configs(cpus: int) -> dict[str, list[str]]:
@@ -76,13 +96,64 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+@dataclass
+class Target:
+    """A model to serve: its name on the server, and how `serve`, `export` and `bench` find it."""
+
+    name: str
+    run_dir: Path | None = None  # else a pretrained model of this name, random weights
+
+    @property
+    def source_args(self) -> list[str]:
+        return [f"{self.name}={self.run_dir}"] if self.run_dir else ["--model", self.name, "--weights", "random"]
+
+    def export_args(self, out: Path) -> list[str]:
+        return [str(self.run_dir)] if self.run_dir else ["--model", self.name, "--weights", "random", "--out", str(out)]
+
+
+def demo_run(args: argparse.Namespace) -> Path:
+    """--demo-run, else the newest demo run under --out, else the demo trained for one epoch there."""
+    if args.demo_run is not None:
+        return args.demo_run
+    runs = args.out / "demo-run"
+    trained = sorted(path.parent for path in runs.glob("*/*/*/model.pt"))
+    if not trained:
+        log(f"training the demo model for one epoch into {runs} (latency does not depend on the weights)")
+        subprocess.run([sys.executable, "-m", "inceptionlab", "demo", "--set", "train.epochs=1", "--out", str(runs),
+                        "--data", str(runs / "data"), "--samples", "1", "--no-progress"], check=True,
+                       stdout=subprocess.DEVNULL)
+        trained = sorted(path.parent for path in runs.glob("*/*/*/model.pt"))
+    return trained[-1]
+
+
+def targets_of(args: argparse.Namespace) -> list[Target]:
+    return [Target(name, demo_run(args)) if name == "demo" else Target(name) for name in args.models]
+
+
+def wait_until_ready(url: str, process: subprocess.Popen, log_file: Path) -> None:
+    deadline = time.perf_counter() + READY_TIMEOUT_S
+    with httpx.Client(timeout=2.0) as client:
+        while time.perf_counter() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited ({process.returncode}): {log_file.read_text()[-2000:]}")
+            try:
+                if client.get(url).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)  # polling a subprocess's readiness: nothing to wait on instead
+    raise RuntimeError(f"server not ready after {READY_TIMEOUT_S} s; see {log_file}")
+
+
 class Server:
     """`inceptionlab serve` in a subprocess with both front ends; a context manager that always stops it."""
 
-    def __init__(self, model: str, backend: str, precision: str, extra: list[str], log_path: Path):
+    own_group = False  # a process group of its own, stopped as a whole (a server that starts processes)
+
+    def __init__(self, target: Target, backend: str, precision: str, extra: list[str], log_path: Path):
         self.port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "inceptionlab", "serve", "--model", model, "--weights", "random",
+        self.command = [sys.executable, "-m", "inceptionlab", "serve", *target.source_args,
                         "--backend", backend, "--precision", precision, "--port", str(self.port),
                         "--grpc-port", str(self.grpc_port), *extra]
         self.log = log_path
@@ -93,7 +164,8 @@ class Server:
     def __enter__(self) -> "Server":
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.handle = open(self.log, "w")
-        self.process = subprocess.Popen(self.command, stdout=self.handle, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command, stdout=self.handle, stderr=subprocess.STDOUT,
+                                        start_new_session=self.own_group)
         started = time.perf_counter()
         try:
             self._wait_ready()
@@ -104,18 +176,7 @@ class Server:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.perf_counter() + READY_TIMEOUT_S
-        with httpx.Client(timeout=2.0) as client:
-            while time.perf_counter() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"server exited ({self.process.returncode}): {self.log.read_text()[-2000:]}")
-                try:
-                    if client.get(f"{self.url}/v2/health/ready").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)  # polling a subprocess's readiness: nothing to wait on instead
-        raise RuntimeError(f"server not ready after {READY_TIMEOUT_S} s; see {self.log}")
+        wait_until_ready(f"{self.url}/v2/health/ready", self.process, self.log)
 
     def served_as(self, model: str) -> dict[str, Any]:
         """What the server decided: backend, precision, instances, max batch and delay (its model config)."""
@@ -136,12 +197,56 @@ class Server:
         self.handle.close()
 
 
+class Peer(Server):
+    """benchmarks/litserve_peer.py (LitServe + ONNX Runtime) on the target's ONNX export, in a subprocess."""
+
+    own_group = True  # LitServe runs its inference workers and its HTTP server as processes of their own
+
+    def __init__(self, target: Target, onnx: Path, max_batch: int, batch_timeout_s: float, log_path: Path):
+        self.port, self.grpc_port = free_port(), None
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [sys.executable, str(PEER_SCRIPT), "--onnx", str(onnx), "--name", target.name,
+                        "--port", str(self.port), "--max-batch", str(max_batch),
+                        "--batch-timeout", str(batch_timeout_s)]
+        self.log = log_path
+        self.max_batch = max_batch
+
+    def _wait_ready(self) -> None:
+        wait_until_ready(f"{self.url}/health", self.process, self.log)  # LitServe's: ok once its workers run
+
+    def served_as(self, model: str) -> dict[str, Any]:
+        return {"backend": "litserve onnxruntime", "precision": "fp32", "instances": 1, "max_batch": self.max_batch,
+                "max_delay_ms": None}
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)  # workers that outlived their parent: its group only
+        except ProcessLookupError:
+            pass
+
+
+def export_onnx(target: Target, out: Path) -> Path:
+    """The target's ONNX export (`inceptionlab export`, checked against PyTorch), what the peer serves."""
+    done = subprocess.run([sys.executable, "-m", "inceptionlab", "export", *target.export_args(out / "exports"),
+                           "--json"], check=True, capture_output=True, text=True)
+    return Path(json.loads(done.stdout.strip().splitlines()[-1])["path"])
+
+
+def peer_missing() -> str | None:
+    """Why the peer cannot run here, or None."""
+    for module in ("litserve", "onnxruntime"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install litserve onnxruntime)"
+    return None
+
+
 @dataclass
 class Plan:
-    """Offered rates and SLO, shared by every configuration and protocol so they are compared at the same
-    load. Unset values come from the first measurement (the first configuration over the first protocol):
-    low load = 20% of its saturation throughput, sweeps start at 50% of it, SLO = 5x its p50 at low load
-    (>= 100 ms)."""
+    """Offered rates and SLO, shared by every configuration and protocol of one model so they are compared
+    at the same load. Unset values come from the model's first measurement (the first configuration over
+    the first protocol): low load = 20% of its saturation throughput, sweeps start at 50% of it, SLO = 5x
+    its p50 at low load (>= 100 ms)."""
 
     low_rate: float | None
     start_rate: float | None
@@ -157,12 +262,23 @@ class Plan:
             log(f"SLO for every sweep: p99 <= {self.slo_ms:g} ms (5x the first configuration's p50 at low load)")
 
 
-def measure_protocol(name: str, server: Server, protocol: str, args: argparse.Namespace, plan: Plan,
+def load_base(target: Target, server: Server, protocol: str, args: argparse.Namespace) -> dict[str, Any]:
+    return dict(url=server.address(protocol), protocol=protocol, model=target.name, duration=args.duration,
+                warmup=8, min_requests=args.min_requests, images=list(args.images))
+
+
+def sweep(settings: LoadSettings, plan: Plan, args: argparse.Namespace, tag: str) -> dict[str, Any]:
+    return run_sweep(settings, start_rate=plan.start_rate, factor=1.5, resolution=0.1, max_steps=args.max_steps,
+                     on_row=lambda row: log(f"{tag} rate {row['rate']:.2f}/s: p99 {row['p99_ms']} ms, "
+                                            f"achieved {row['achieved_rate']}/s, "
+                                            f"{'held' if row['slo_met'] else 'missed'}"))
+
+
+def measure_protocol(target: Target, name: str, server: Server, protocol: str, args: argparse.Namespace, plan: Plan,
                      clients: int) -> dict[str, Any]:
     """Saturation, low load and the SLO sweep of one configuration over one protocol."""
-    tag = f"[{name} {protocol}]"
-    base = dict(url=server.address(protocol), protocol=protocol, model=args.model, duration=args.duration,
-                warmup=8, min_requests=args.min_requests, images=list(args.images))
+    tag = f"[{target.name} {name} {protocol}]"
+    base = load_base(target, server, protocol, args)
     result: dict[str, Any] = {}
     for payload in ("tensor", "image") if protocol == "http" else ("tensor",):
         row = run_load(LoadSettings(**base, slo_ms=1e9, concurrency=clients, payload=payload))
@@ -173,35 +289,68 @@ def measure_protocol(name: str, server: Server, protocol: str, args: argparse.Na
     result["low_load"] = low
     log(f"{tag} low load {plan.low_rate}/s: p50 {low['p50_ms']} ms, p99 {low['p99_ms']} ms")
     plan.fill_slo(low["p50_ms"])
-    result["sweep"] = run_sweep(LoadSettings(**base, slo_ms=plan.slo_ms, payload=args.payload),
-                                start_rate=plan.start_rate, factor=1.5, resolution=0.1, max_steps=args.max_steps,
-                                on_row=lambda row: log(f"{tag} rate {row['rate']:.2f}/s: p99 {row['p99_ms']} ms, "
-                                                       f"achieved {row['achieved_rate']}/s, "
-                                                       f"{'held' if row['slo_met'] else 'missed'}"))
+    result["sweep"] = sweep(LoadSettings(**base, slo_ms=plan.slo_ms, payload=args.payload), plan, args, tag)
     return result
 
 
-def measure_config(name: str, extra: list[str], args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
-    result: dict[str, Any] = {"config": name, "serve_options": extra, "loadavg_before": load_average()}
-    with Server(args.model, args.backend, args.precision, extra, out / f"server-{name}.log") as server:
+def config_options(name: str, args: argparse.Namespace, plan: Plan) -> list[str]:
+    """`serve` options of a configuration; `auto` chooses its plan for this run's SLO once it is known."""
+    extra = list(args.config_options[name])
+    return [*extra, "--slo-ms", f"{plan.slo_ms:g}"] if name == "auto" and plan.slo_ms else extra
+
+
+def measure_config(target: Target, name: str, args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
+    extra = config_options(name, args, plan)
+    result: dict[str, Any] = {"model": target.name, "config": name, "serve_options": extra,
+                              "loadavg_before": load_average()}
+    with Server(target, args.backend, args.precision, extra, out / f"server-{target.name}-{name}.log") as server:
         result["start_s"] = round(server.start_s, 1)
-        result["served_as"] = served = server.served_as(args.model)
-        log(f"[{name}] ready in {server.start_s:.0f} s at {server.url} and 127.0.0.1:{server.grpc_port}: {served}")
+        result["served_as"] = served = server.served_as(target.name)
+        log(f"[{target.name} {name}] ready in {server.start_s:.0f} s at {server.url} and 127.0.0.1:{server.grpc_port}: "
+            f"{served}")
         clients = max(4, 2 * served["max_batch"] * served["instances"])
-        result["protocols"] = {protocol: measure_protocol(name, server, protocol, args, plan, clients)
+        result["protocols"] = {protocol: measure_protocol(target, name, server, protocol, args, plan, clients)
                                for protocol in args.protocols}
     result["loadavg_after"] = load_average()
     return result
 
 
-def bench_reference(args: argparse.Namespace, served: dict[str, Any], batches: list[int]) -> dict[int, float]:
+def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
+    """`auto` and the peer side by side, the same JSON requests at the same rates: a low-load run, then the
+    SLO sweep, `--repeat` times, alternating servers."""
+    onnx = export_onnx(target, out)
+    options = config_options("auto", args, plan)
+    result: dict[str, Any] = {"model": target.name, "onnx": str(onnx), "serve_options": options,
+                              "loadavg_before": load_average(), "servers": {}}
+    with Server(target, args.backend, args.precision, options, out / f"server-{target.name}-vs-peer.log") as ours, \
+            Peer(target, onnx, args.peer_max_batch, args.peer_batch_timeout_ms / 1e3,
+                 out / f"peer-{target.name}.log") as peer:
+        servers = {"inceptionlab": ours, args.peer: peer}
+        result["servers"] = {who: {"served_as": server.served_as(target.name), "start_s": round(server.start_s, 1),
+                                   "low_load": None, "sweeps": []} for who, server in servers.items()}
+        for repetition in range(args.repeat):
+            for who, server in servers.items():
+                tag = f"[{target.name} {who} #{repetition + 1}]"
+                base = {**load_base(target, server, "http", args), "payload": "image", "body": "json",
+                        "seed": repetition}
+                record = result["servers"][who]
+                if repetition == 0:
+                    record["low_load"] = low = run_load(LoadSettings(**base, slo_ms=plan.slo_ms, rate=plan.low_rate))
+                    log(f"{tag} low load {plan.low_rate}/s: p50 {low['p50_ms']} ms, p99 {low['p99_ms']} ms")
+                record["sweeps"].append(sweep(LoadSettings(**base, slo_ms=plan.slo_ms), plan, args, tag))
+    result["loadavg_after"] = load_average()
+    return result
+
+
+def bench_reference(target: Target, args: argparse.Namespace, served: dict[str, Any],
+                    batches: list[int]) -> dict[int, float]:
     """images/s of the runtime and precision the servers used, per batch size, in this process (no server
     running): the ceiling a server at saturation is compared with."""
     from inceptionlab.infer.bench import BenchSettings, Config, run_bench
     from inceptionlab.infer.runtimes import NATIVE_LAYOUT, RUNTIMES
     from inceptionlab.infer.source import load_source
 
-    source = load_source(model=args.model, weights="random")
+    source = load_source(run_dir=target.run_dir) if target.run_dir else load_source(model=target.name, weights="random")
     backend, precision = served["backend"], served["precision"]
     layout = NATIVE_LAYOUT if RUNTIMES[backend].layouts == (NATIVE_LAYOUT,) else "nchw"
     report = run_bench(source, [Config(backend, precision, layout)],
@@ -209,18 +358,19 @@ def bench_reference(args: argparse.Namespace, served: dict[str, Any], batches: l
     return {row["batch"]: row["img_per_s"] for row in report.rows}
 
 
-def summarize(results: list[dict[str, Any]], bench: dict[int, float]) -> list[dict[str, Any]]:
-    """One row per configuration and protocol; ratios against the unbatched plan over the same protocol."""
+def summarize(results: list[dict[str, Any]], bench: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
+    """One row per model, configuration and protocol; ratios against the unbatched plan over the same protocol."""
     rows = []
     for r in results:
         served = r["served_as"]
         for protocol, m in r["protocols"].items():
-            base = next((x["protocols"].get(protocol) for x in results if x["config"] == "1x1"), None)
+            base = next((x["protocols"].get(protocol) for x in results
+                         if x["config"] == "1x1" and x["model"] == r["model"]), None)
             best = m["sweep"]["best_rate"]
             tensor, image = m["saturation_tensor"], m.get("saturation_image")
-            reference = bench.get(served["max_batch"])
+            reference = bench.get(r["model"], {}).get(served["max_batch"])
             row = {
-                "config": r["config"], "protocol": protocol,
+                "model": r["model"], "config": r["config"], "protocol": protocol,
                 "plan": f"{served['instances']}x{served['max_batch']}, {served['max_delay_ms']:g} ms",
                 "precision": f"{served['backend']} {served['precision']}",
                 "low_p50_ms": m["low_load"]["p50_ms"], "low_p99_ms": m["low_load"]["p99_ms"],
@@ -240,40 +390,76 @@ def summarize(results: list[dict[str, Any]], bench: dict[int, float]) -> list[di
     return rows
 
 
-def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's two targets, checked on this run's rows."""
+def peer_rows(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per model and server of the side-by-side runs: the SLO rate of every repetition."""
+    rows = []
+    for c in comparisons:
+        for who, record in c["servers"].items():
+            served = record["served_as"]
+            rates = [s["best_rate"] or 0.0 for s in record["sweeps"]]
+            delay = f", {served['max_delay_ms']:g} ms" if served["max_delay_ms"] is not None else ""
+            rows.append({"model": c["model"], "config": f"{who}, JSON images", "protocol": "http",
+                         "plan": f"{served['instances']}x{served['max_batch']}{delay}",
+                         "precision": f"{served['backend']} {served['precision']}",
+                         "low_p50_ms": record["low_load"]["p50_ms"], "low_p99_ms": record["low_load"]["p99_ms"],
+                         "best_rate": statistics.median(rates) if rates else None, "rates": rates,
+                         "loadavg": [c["loadavg_before"][0], c["loadavg_after"][0]]})
+    return rows
+
+
+def targets(rows: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The targets, checked on this run's rows."""
     checks = []
-    for protocol in PROTOCOLS:
-        fixed = [r for r in rows if r["protocol"] == protocol and r["config"] != "auto" and r["best_rate"]]
-        auto = next((r for r in rows if r["protocol"] == protocol and r["config"] == "auto"), None)
-        if fixed and auto:
-            best = max(fixed, key=lambda r: r["best_rate"])
-            checks.append({"target": f"{protocol}: auto's rate >= the best fixed plan's",
-                           "measured": f"auto {auto['best_rate'] or 0:.1f}/s, best fixed {best['config']} "
-                                       f"{best['best_rate']:.1f}/s",
-                           "held": (auto["best_rate"] or 0) >= best["best_rate"]})
-    for config in dict.fromkeys(r["config"] for r in rows):
-        by = {r["protocol"]: r for r in rows if r["config"] == config}
-        if set(PROTOCOLS) <= set(by):
-            http, grpc = by["http"]["sat_tensor_per_s"], by["grpc"]["sat_tensor_per_s"]
-            checks.append({"target": f"{config}: gRPC saturation >= HTTP's",
-                           "measured": f"gRPC {grpc:.1f}/s, HTTP {http:.1f}/s", "held": grpc >= http})
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model and "rates" not in r]
+        for protocol in PROTOCOLS:
+            fixed = [r for r in mine if r["protocol"] == protocol and r["config"] != "auto" and r["best_rate"]]
+            auto = next((r for r in mine if r["protocol"] == protocol and r["config"] == "auto"), None)
+            if fixed and auto:
+                best = max(fixed, key=lambda r: r["best_rate"])
+                checks.append({"target": f"{model} {protocol}: auto's rate >= the best fixed plan's",
+                               "measured": f"auto {auto['best_rate'] or 0:.1f}/s, best fixed {best['config']} "
+                                           f"{best['best_rate']:.1f}/s",
+                               "held": (auto["best_rate"] or 0) >= best["best_rate"]})
+        for config in dict.fromkeys(r["config"] for r in mine):
+            by = {r["protocol"]: r for r in mine if r["config"] == config}
+            if set(PROTOCOLS) <= set(by):
+                http, grpc = by["http"]["sat_tensor_per_s"], by["grpc"]["sat_tensor_per_s"]
+                checks.append({"target": f"{model} {config}: gRPC saturation >= HTTP's",
+                               "measured": f"gRPC {grpc:.1f}/s, HTTP {http:.1f}/s", "held": grpc >= http})
+    for c in comparisons:
+        ours, *peers = c["servers"].values()
+        ours_rates = [s["best_rate"] or 0.0 for s in ours["sweeps"]]
+        for peer_name, peer in list(c["servers"].items())[1:]:
+            theirs = [s["best_rate"] or 0.0 for s in peer["sweeps"]]
+            ratios = [a / b if b else math.inf for a, b in zip(ours_rates, theirs)]
+            checks.append({"target": f"{c['model']}: inceptionlab's SLO rate >= {PEER_TARGET:g}x {peer_name}'s, "
+                                     "every repetition",
+                           "measured": ", ".join(f"{a:.1f}/s vs {b:.1f}/s ({r:.2f}x)"
+                                                 for a, b, r in zip(ours_rates, theirs, ratios)),
+                           "held": bool(ratios) and min(ratios) >= PEER_TARGET,
+                           "applies": c["model"] == "demo"})
     return checks
 
 
-COLUMNS = [("config", "config"), ("protocol", "protocol"), ("plan", "instances x max batch, delay"),
+COLUMNS = [("model", "model"), ("config", "config"), ("protocol", "protocol"), ("plan", "instances x max batch, delay"),
            ("precision", "runtime"), ("low_p50_ms", "p50 ms at low load", ".1f"),
            ("low_p99_ms", "p99 ms at low load", ".1f"), ("best_rate", "highest rate holding the SLO, /s", ".1f"),
+           ("rates", "each repetition, /s", ".1f"),
            ("rate_vs_unbatched", "vs 1x1", ".2f"), ("sat_tensor_per_s", "saturation, tensors/s", ".1f"),
            ("sat_batch", "avg batch", ".2f"), ("bench_img_per_s", "bench img/s, same batch", ".1f"),
            ("overhead_ratio", "server/bench", ".2f"), ("sat_image_per_s", "saturation, JPEG/s", ".1f"),
-           ("decode_share", "decode share", ".0%"), ("client_cpu", "client CPU, cores", ".2f"), ("loadavg", "load average before, after", ".1f")]
+           ("decode_share", "decode share", ".0%"), ("client_cpu", "client CPU, cores", ".2f"),
+           ("loadavg", "load average before, after", ".1f")]
 
 
 def parse_args(cpus: int) -> argparse.Namespace:
     configs = all_configs(cpus)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="inception_v3")
+    parser.add_argument("--models", default="demo,inception_v3", help="comma list: demo (the demo run's Inception "
+                        "v3 at 80 px) and pretrained model names (random weights)")
+    parser.add_argument("--demo-run", type=Path, default=None, help="the demo's run directory (default: trained "
+                                                                     "for one epoch under --out)")
     parser.add_argument("--backend", default="auto", help="as `serve --backend` (auto: OpenVINO on a CPU when "
                                                           "installed, else ONNX Runtime)")
     parser.add_argument("--precision", default="auto", help="as `serve --precision` (auto: bf16 only where the "
@@ -281,8 +467,13 @@ def parse_args(cpus: int) -> argparse.Namespace:
     parser.add_argument("--configs", default=",".join(configs), help=f"comma list of {', '.join(configs)} "
                                                                      "(the plans auto chooses from here, and auto)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma list of http, grpc")
+    parser.add_argument("--peer", default="litserve", choices=PEERS, help="the peer server run beside auto on "
+                                                                          "the same export (none: skip)")
+    parser.add_argument("--peer-max-batch", type=int, default=1, help="LitServe's max_batch_size (its default: 1)")
+    parser.add_argument("--peer-batch-timeout-ms", type=float, default=0.0, help="LitServe's batch_timeout")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of the side-by-side sweeps")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
-    parser.add_argument("--slo-ms", type=float, default=None, help="p99 objective (default: 5x the first "
+    parser.add_argument("--slo-ms", type=float, default=None, help="p99 objective (default, per model: 5x the first "
                                                                     "configuration's p50 at low load, >= 100 ms)")
     parser.add_argument("--low-rate", type=float, default=None, help="requests/s of the low-load runs "
                                                                       "(default: 20%% of the first measured "
@@ -298,32 +489,56 @@ def parse_args(cpus: int) -> argparse.Namespace:
     parser.add_argument("--bench-iters", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("runs/bench-serve"))
     args = parser.parse_args()
+    args.models = [n.strip() for n in args.models.split(",") if n.strip()]
     args.names = [n.strip() for n in args.configs.split(",") if n.strip()]
     args.protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     unknown = [n for n in args.names if n not in configs] + [p for p in args.protocols if p not in PROTOCOLS]
     if unknown:
         parser.error(f"{','.join(unknown)}: --configs takes {', '.join(configs)}; --protocols http, grpc")
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: give at least 1")
     args.config_options = configs
     return args
+
+
+def measure_target(target: Target, args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[int, float],
+                                                                       dict[str, Any] | None, Plan]:
+    """Every configuration of one model, its bench reference, and the side-by-side run with the peer."""
+    plan = Plan(args.low_rate, args.start_rate, args.slo_ms)
+    results = [measure_config(target, name, args, plan, args.out) for name in args.names]
+    comparison = None
+    if args.peer != "none":
+        missing = peer_missing()
+        if missing:
+            log(f"[{target.name}] no peer row: {missing}")
+        else:
+            comparison = measure_against_peer(target, args, plan, args.out)
+    bench = bench_reference(target, args, results[0]["served_as"], [r["served_as"]["max_batch"] for r in results])
+    return results, bench, comparison, plan
 
 
 def main() -> None:
     cpus = hardware.usable_cpus()
     args = parse_args(cpus)
     started = time.time()
-    plan = Plan(args.low_rate, args.start_rate, args.slo_ms)
-    results = [measure_config(name, args.config_options[name], args, plan, args.out) for name in args.names]
-    bench = bench_reference(args, results[0]["served_as"], [r["served_as"]["max_batch"] for r in results])
-    rows = summarize(results, bench)
-    checks = targets(rows)
+    results, bench, comparisons, plans = [], {}, [], {}
+    for target in targets_of(args):
+        measured, bench[target.name], comparison, plans[target.name] = measure_target(target, args)
+        results += measured
+        comparisons += [comparison] if comparison else []
+    rows = summarize(results, bench) + peer_rows(comparisons)
+    checks = targets(rows, comparisons)
+    slos = ", ".join(f"{name} p99 <= {plan.slo_ms:g} ms" for name, plan in plans.items())
     path = write_result("serve", rows, settings={k: str(v) for k, v in vars(args).items() if k != "config_options"},
                         columns=COLUMNS,
-                        title=f"`inceptionlab serve`: {args.model}, payload {args.payload}, SLO p99 <= "
-                              f"{plan.slo_ms:g} ms, low load {plan.low_rate}/s, {cpus} CPUs",
-                        details={"plan": vars(plan), "seconds": round(time.time() - started), "targets": checks,
-                                 "bench_img_per_s": bench, "results": results})
-    print(f"low load {plan.low_rate}/s; sweeps from {plan.start_rate}/s (x1.5, then bisection to 10%); "
-          f"SLO p99 <= {plan.slo_ms:g} ms")
+                        title=f"`inceptionlab serve`: {', '.join(args.models)}, payload {args.payload}, SLO {slos}, "
+                              f"{cpus} CPUs",
+                        details={"plans": {name: vars(plan) for name, plan in plans.items()},
+                                 "seconds": round(time.time() - started), "targets": checks,
+                                 "bench_img_per_s": bench, "results": results, "peer": comparisons})
+    for name, plan in plans.items():
+        print(f"{name}: low load {plan.low_rate}/s; sweeps from {plan.start_rate}/s (x1.5, then bisection to 10%); "
+              f"SLO p99 <= {plan.slo_ms:g} ms")
     print(render_file(path))
     for check in checks:
         print(f"{'held' if check['held'] else 'MISSED'}: {check['target']} ({check['measured']})")

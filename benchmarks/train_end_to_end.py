@@ -7,7 +7,8 @@ device), both Inception v3 at
 299 px, batch `--batch`, random weights (no ImageNet weights here; the arithmetic is the same).
 Each row trains `--epochs` epochs of `--samples` images through the CLI in a fresh process and
 reports the last epoch's images/s from metrics.jsonl (the first epoch pays oneDNN's kernel creation
-and, for `resident`, the cache build).
+and, for `resident`, the cache build). With `--json`, each row is printed as `{"row": ...}` when it
+finishes, then all of them.
 
     python benchmarks/train_end_to_end.py [--data ../shared/data/tiny-imagenet-200] [--samples 256]
         [--batch 32] [--epochs 2] [--workers 2] [--json]
@@ -61,11 +62,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = copy_dataset(args.data, Path(tmp))  # the shared copy is read-only
         for name, overrides in ROWS.items():
-            rows[name] = {"config": name, "overrides": " ".join(overrides),
-                          **train_row(data, Path(tmp) / "runs", overrides, args)}
-    guide = rows["guide"]["images_per_s"]
-    for row in rows.values():
-        row["vs_guide"] = round(row["images_per_s"] / guide, 2)
+            rows[name] = row = {"config": name, "overrides": " ".join(overrides),
+                                **train_row(data, Path(tmp) / "runs", overrides, args)}
+            row["vs_guide"] = round(row["images_per_s"] / rows["guide"]["images_per_s"], 2)  # the guide runs first
+            if args.json:  # each row as it finishes: a caller that stops this script keeps the rows done
+                print(json.dumps({"row": row}), flush=True)
     write_result("train_end_to_end", list(rows.values()), settings={k: str(v) for k, v in vars(args).items()},
                  title=f"`inceptionlab train` on {args.samples} tiny-imagenet images, Inception v3 at 299 px, "
                        f"batch {args.batch}, last of {args.epochs} epochs",

@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (a ROCm GPU is cuda too)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    keep_freed_memory()  # the heap every `inceptionlab` command runs on
+    keep_freed_memory()  # the heap `inceptionlab train` runs on
     from inceptionlab.runtime import resolve_device
 
     device = resolve_device(args.device)

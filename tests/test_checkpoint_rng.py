@@ -134,7 +134,7 @@ def test_a_cpu_run_on_this_gpu_host_does_not_initialise_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
-def test_a_gpu_checkpoint_restores_the_devices_stream():
+def test_resume_of_a_gpu_checkpoint_restores_the_devices_stream():
     device = torch.device("cuda", torch.cuda.device_count() - 1)
     torch.cuda.manual_seed(7)
     state = rng_state(device)

@@ -113,7 +113,7 @@ def test_evaluation_runs_with_the_settings_training_validated_with(h100, monkeyp
 
     seen: list[tuple[bool, bool]] = []
 
-    def evaluate(model, loader, task, settings):
+    def evaluate(model, loader, task, settings, **options):
         seen.append((torch.backends.cudnn.benchmark, tf32_now()))
         return {"loss": 0.0}
 
@@ -146,7 +146,7 @@ def test_the_environment_record_says_which_settings_each_precision_ran_with(h100
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
-def test_on_this_gpu_the_settings_take_effect_and_are_recorded(flags_restored):
+def test_on_this_gpu_the_cudnn_and_tf32_settings_take_effect_and_are_recorded(flags_restored):
     from inceptionlab.runtime import environment
 
     facts = hardware.device_facts("cuda")

@@ -509,22 +509,6 @@ def test_serve_plans_cover_instances_up_to_the_cpus_and_keep_what_the_user_set()
     assert hardware.instance_threads(2, 4) == 1  # never zero
 
 
-def test_a_serving_plan_must_beat_one_unbatched_instance_by_the_batching_margin():
-    plans = hardware.serve_plans(2, False, None, None)
-    little_gain = {"1x1": 20.0, "1x32": 22.0, "2x1": 23.0, "2x32": 24.0}  # at most 1.2x: serve unbatched
-    decision = hardware.decide_serving(plans, lambda plan, s: little_gain[plan.label], cpus=2, gpu=False)
-    assert decision.plan == hardware.ServePlan(1, 1) and decision.max_delay_ms == 0.0
-    assert decision.threads == 2
-    big_gain = {"1x1": 20.0, "1x32": 60.0, "2x1": 30.0, "2x32": 50.0}
-    decision = hardware.decide_serving(plans, lambda plan, s: big_gain[plan.label], cpus=2, gpu=False)
-    assert decision.plan == hardware.ServePlan(1, 32)
-    assert decision.max_delay_ms == 5.0  # 10% of one 50 ms inference (20 img/s)
-    assert "1 instance(s), 2 thread(s) each, max batch 32" in decision.line()
-    two = {"1x1": 20.0, "1x32": 22.0, "2x1": 34.0, "2x32": 30.0}
-    decision = hardware.decide_serving(plans, lambda plan, s: two[plan.label], cpus=2, gpu=False)
-    assert decision.plan == hardware.ServePlan(2, 1) and decision.threads == 1
-
-
 def test_a_serving_decision_is_cached_per_key(tmp_path: Path):
     cache = SpeedCache(tmp_path)
     plans = hardware.serve_plans(2, False, None, None)

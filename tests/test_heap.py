@@ -65,3 +65,18 @@ print(faulted)
                                         check=True).stdout) for mode in ("default", "keep")}
     assert faulted["default"] >= 9  # of the last ten rounds
     assert faulted["keep"] <= 1
+
+
+@pytest.mark.parametrize("command, kept", [("serve", False), ("loadtest", False), ("predict", False),
+                                           ("train", True), ("demo", True), ("evaluate", True), ("bench", True)])
+def test_freed_blocks_are_kept_only_by_the_commands_measured_with_it(monkeypatch, command, kept):
+    """A long-running server keeps glibc's defaults: with the 1 GiB thresholds, every arena would keep up
+    to 1 GiB of what a burst of large requests freed, for as long as the server runs."""
+    from inceptionlab.cli import app
+
+    calls: list[str] = []
+    monkeypatch.setattr(host, "keep_freed_memory", lambda *args, **kwargs: calls.append(command) or "kept")
+    with pytest.raises(SystemExit) as exited:
+        app.main([command, "--help"])
+    assert exited.value.code == 0
+    assert calls == ([command] if kept else [])

@@ -11,6 +11,7 @@ thread, the messages of serve/proto) does the same over gRPC. Then both protocol
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import os
@@ -28,11 +29,11 @@ import pytest
 from inceptionlab import host
 from inceptionlab.errors import UserError
 from inceptionlab.loadtest import generator as lt
-from inceptionlab.loadtest.payloads import infer_body
+from inceptionlab.loadtest.payloads import TensorRequest, infer_body, json_infer_body, prepare_requests
 from inceptionlab.loadtest.report import format_table, plot_latency_vs_rate
 from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats, statistics_counters
 from inceptionlab.loadtest.transports import HttpTransport
-from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements
+from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements, parse_infer_request
 
 fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
@@ -53,6 +54,7 @@ class Behaviour:
     seen: list = field(default_factory=list)  # decoded inputs of accepted requests
     auth: str | None = None  # the last Authorization header
     count: int = 0
+    json_bodies: int = 0  # requests in the plain JSON form (no binary extension)
 
 
 def stub_app(behaviour: Behaviour):
@@ -87,11 +89,16 @@ def stub_app(behaviour: Behaviour):
         number = behaviour.count
         behaviour.auth = request.headers.get("authorization")
         body = await request.body()
-        length = int(request.headers["Inference-Header-Content-Length"])
-        header = json.loads(body[:length])
-        spec = header["inputs"][0]
-        data = body[length:]
-        assert len(data) == spec["parameters"]["binary_data_size"]
+        if "Inference-Header-Content-Length" in request.headers:
+            length = int(request.headers["Inference-Header-Content-Length"])
+            header = json.loads(body[:length])
+            spec = header["inputs"][0]
+            data = body[length:]
+            assert len(data) == spec["parameters"]["binary_data_size"]
+        else:  # the plain JSON form: encoded files as {"b64": ...}
+            behaviour.json_bodies += 1
+            spec = json.loads(body)["inputs"][0]
+            data = encode_bytes_elements([base64.b64decode(item["b64"]) for item in spec["data"]])
         if behaviour.stall_at == number:
             time.sleep(behaviour.stall_ms / 1e3)  # blocks the whole server, as a stalled process would
         if behaviour.reject_every and number % behaviour.reject_every == 0:
@@ -188,6 +195,23 @@ def test_binary_bytes_tensor_matches_tritons_serializer():
     assert header["inputs"][0] == {"name": "image", "shape": [3], "datatype": "BYTES",
                                    "parameters": {"binary_data_size": len(ours)}}
     assert request.body[length:] == ours
+
+
+@pytest.mark.parametrize("datatype, shape, data", [
+    ("BYTES", [2, 1], encode_bytes_elements([b"\xff\xd8jpeg", b"\x89PNG"])),
+    ("UINT8", [1, 3, 2, 2], bytes(range(12))),
+    ("FP32", [1, 2], np.array([0.5, -2.0], np.float32).tobytes()),
+])
+def test_the_json_body_is_the_same_request_as_the_binary_one(datatype, shape, data):
+    tensor = TensorRequest("images", datatype, shape, data, "probabilities")
+    binary = infer_body(tensor.input_name, datatype, shape, data, tensor.output)
+    plain = json_infer_body(tensor)
+    assert plain.headers == {"Content-Type": "application/json"} and HEADER_LENGTH not in plain.headers
+    one, other = parse_infer_request(binary.body, binary.headers[HEADER_LENGTH]), parse_infer_request(plain.body, None)
+    assert one.outputs == other.outputs == ["probabilities"] and not other.binary_all
+    [a], [b] = one.inputs, other.inputs
+    assert (a.name, a.datatype, a.shape) == (b.name, b.datatype, b.shape)
+    assert a.data == b.data if datatype == "BYTES" else np.array_equal(a.data, b.data)
 
 
 def test_next_rate_grows_then_bisects_then_stops():
@@ -322,6 +346,15 @@ def test_tensor_payload_follows_the_models_metadata(stub):
     behaviour.inputs = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     with pytest.raises(UserError, match="no input to send --payload tensor"):
         lt.run_load(settings(url, concurrency=1, duration=0.2, payload="tensor"))
+
+
+def test_a_json_body_goes_to_the_same_endpoint(stub):
+    url, behaviour = stub
+    row = lt.run_load(settings(url, concurrency=1, duration=0.2, payload="image", body="json"))
+    assert row["ok"] > 0 and row["error"] == 0
+    assert behaviour.json_bodies > 0  # the stub parsed plain JSON, not the binary extension
+    with pytest.raises(UserError, match="--body xml"):
+        lt.run_load(settings(url, concurrency=1, duration=0.2, body="xml"))
 
 
 def test_image_payload_sends_real_jpegs(stub, tmp_path):

@@ -24,6 +24,10 @@ from inceptionlab.errors import UserError
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+# augment.policy choices: torchvision's TrivialAugmentWide, RandAugment, AutoAugment (data/transforms/policies.py).
+POLICIES = ("none", "trivialaugment", "randaugment", "autoaugment")
+AUTOAUGMENT_POLICIES = ("imagenet", "cifar10", "svhn")  # torchvision's AutoAugmentPolicy values
+POLICY_INTERPOLATIONS = ("nearest", "bilinear")  # what torchvision's tensor kernels offer for the geometric ops
 # Values that pick from an engine table (optim.name, schedule.name, task, train.precision, data.reader,
 # data.loader, train.best_metric) are checked against those tables by engine/choices.py.
 
@@ -125,6 +129,57 @@ class DataConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Training augmentation after the crop and flip (data section), described once for both data paths:
+    the worker path runs torchvision's v2 transforms, the resident and stream paths the same policy batched
+    on the device (data/transforms/device_policy.py); MixUp/CutMix mix device batches on both.
+
+    Order per image, as torchvision's reference recipe: crop, flip, policy, erasing; then per batch MixUp
+    or CutMix. Label smoothing (train.label_smoothing = e) applies to the mixed target q:
+    (1 - e) * q + e / C, the same as mixing smoothed one-hot targets (timm), and what torch's
+    cross_entropy does with probabilities (torchvision's references).
+    """
+
+    policy: str = "none"  # none | trivialaugment | randaugment | autoaugment
+    num_magnitude_bins: int = 31  # trivialaugment, randaugment: magnitude levels (torchvision's default)
+    num_ops: int = 2  # randaugment: operations applied one after the other
+    magnitude: int = 9  # randaugment: the level every operation uses, 0 .. num_magnitude_bins - 1
+    autoaugment_policy: str = "imagenet"  # autoaugment: imagenet | cifar10 | svhn (the learned policy)
+    interpolation: str = "bilinear"  # shear/translate/rotate: nearest (torchvision's default) | bilinear (its references)
+    random_erasing: float = 0.0  # probability per image of erasing a box to the mean colour (torchvision: 0.5)
+    mixup_alpha: float = 0.0  # MixUp's Beta(alpha, alpha); 0: off (torchvision's references: 0.2)
+    cutmix_alpha: float = 0.0  # CutMix's Beta(alpha, alpha); 0: off (references: 1.0). Both on: one per batch, 50:50
+    mix_off_epoch: Optional[int] = None  # MixUp/CutMix stop after this many epochs (timm's --mixup-off-epoch); null: never
+
+    def __post_init__(self) -> None:
+        _check_choice("augment.policy", self.policy, POLICIES)
+        _check_choice("augment.autoaugment_policy", self.autoaugment_policy, AUTOAUGMENT_POLICIES)
+        _check_choice("augment.interpolation", self.interpolation, POLICY_INTERPOLATIONS)
+        _check_positive("augment.num_magnitude_bins", self.num_magnitude_bins)
+        if self.num_magnitude_bins < 2:
+            raise ValueError(f"augment.num_magnitude_bins={self.num_magnitude_bins} must be at least 2")
+        _check_positive("augment.num_ops", self.num_ops, allow_zero=True)
+        if not 0 <= self.magnitude < self.num_magnitude_bins:
+            raise ValueError(f"augment.magnitude={self.magnitude} must be in 0 .. num_magnitude_bins - 1 "
+                             f"({self.num_magnitude_bins - 1})")
+        if not 0.0 <= self.random_erasing <= 1.0:
+            raise ValueError(f"augment.random_erasing={self.random_erasing} is a probability: 0 .. 1")
+        _check_positive("augment.mixup_alpha", self.mixup_alpha, allow_zero=True)
+        _check_positive("augment.cutmix_alpha", self.cutmix_alpha, allow_zero=True)
+        _check_positive("augment.mix_off_epoch", self.mix_off_epoch, allow_zero=True)
+
+    @property
+    def mixes(self) -> bool:
+        """MixUp or CutMix is on (for some epochs)."""
+        return (self.mixup_alpha > 0 or self.cutmix_alpha > 0) and self.mix_off_epoch != 0
+
+    @property
+    def per_image(self) -> bool:
+        """A policy or erasing runs on each training image after the crop."""
+        return self.policy != "none" or self.random_erasing > 0
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 90
     batch_size: int = 32
@@ -195,6 +250,7 @@ class Recipe:
     task: str = "multiclass"  # fixes the loss, the prediction rule and the metrics
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)

@@ -24,7 +24,8 @@ import typer
 
 # The command modules import only typer and the shared options at the top: what a command runs is
 # imported inside it, so registering all of them costs no start-up time.
-from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, serve, train
+from inceptionlab import host
+from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, report, serve, train
 from inceptionlab.errors import INTERNAL_ERROR_EXIT, UserError, summary_of
 
 app = typer.Typer(
@@ -37,6 +38,11 @@ app = typer.Typer(
 
 
 DEBUG_ENV = "INCEPTIONLAB_DEBUG"
+# The commands whose speed was measured with freed blocks kept in the heap (host.keep_freed_memory):
+# training's data path and steps (train, demo, and evaluate's loaders) and bench's batches. `serve`
+# keeps glibc's defaults: a long-running server would hold up to 1 GiB per arena of whatever a burst
+# of large requests freed, for as long as it runs.
+HEAP_COMMANDS = ("train", "demo", "evaluate", "bench")
 PACKAGE_LOGGER = "inceptionlab"
 _HANDLER_NAME = "inceptionlab-cli"
 log = logging.getLogger(__name__)
@@ -54,6 +60,7 @@ _invocation = _Invocation()
 
 @app.callback()
 def _global_options(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help=f"Log at DEBUG level, and let the program's own failures "
                                f"raise with their full traceback instead of exiting {INTERNAL_ERROR_EXIT} "
                                f"(also {DEBUG_ENV}=1)."),
@@ -62,6 +69,8 @@ def _global_options(
     _invocation.debug = _invocation.debug or debug
     configure_logging(logging.DEBUG if _invocation.debug else logging.INFO if verbose else logging.WARNING)
     quiet_image_warnings()
+    if ctx.invoked_subcommand in HEAP_COMMANDS:
+        host.keep_freed_memory()  # large tensors reused instead of unmapped and faulted in again (host.py)
 
 
 def configure_logging(level: int) -> None:
@@ -109,7 +118,7 @@ def _report_program_failure(exc: Exception) -> None:
 
 
 def _register() -> None:
-    for module in (doctor, train, evaluate, predict, export, bench, plot, demo, serve, loadtest):
+    for module in (doctor, train, evaluate, report, predict, export, bench, plot, demo, serve, loadtest):
         module.register(app)
     app.add_typer(data.app, name="data")
 
@@ -120,10 +129,8 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     # Before any command imports torch: MIOpen reads its cache locations once, at load (inceptionlab.hardware).
     from inceptionlab.hardware import prepare_process_environment
-    from inceptionlab.host import keep_freed_memory
 
     prepare_process_environment()
-    keep_freed_memory()  # large tensors reused instead of unmapped and faulted in again (host.py)
     _invocation.debug = _debug_from_env()
     try:
         app(args=argv, prog_name="inceptionlab", standalone_mode=True)

@@ -20,11 +20,13 @@ def evaluate(
     weights: Optional[str] = options.weights_option(),
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (default: the run's data.root)."),
     split: Optional[str] = typer.Option(None, "--split", help="Split folder to score (default: the recipe's val split)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ (default: RUN/eval)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ and the "
+                                       "per-image results.csv + logits.npy (default: RUN/eval)."),
     batch_size: int = options.batch_size_option(64),
     num_workers: Optional[int] = options.num_workers_option(),
     device: str = options.device_option(),
-    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples"),
+    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples, "
+                                        "files"),
 ) -> None:
     """Score a model on a labelled image split.
 
@@ -33,6 +35,9 @@ def evaluate(
       inceptionlab evaluate runs/inception_v3/tiny_imagenet/20261122-101500
 
       inceptionlab evaluate --model inception_v3 --data data/tiny-imagenet-200 --json
+
+    Besides the summary it writes one row per image (results.csv, logits.npy): `inceptionlab report`
+    turns them into a page of the model's errors.
     """
     from inceptionlab.infer.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
     from inceptionlab.runtime import resolve_device
@@ -57,6 +62,8 @@ def evaluate(
         return
     _print_table(report)
     print(f"wrote {paths['json']}, {paths['confusion_csv']}, {paths['confusion_png']}")
+    if "results_csv" in paths:
+        print(f"per-image results: {paths['results_csv']}; browse the errors: inceptionlab report {out}")
 
 
 def _print_table(report: dict) -> None:

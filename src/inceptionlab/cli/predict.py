@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional
 
 import typer
 
 from inceptionlab.cli import options
 from inceptionlab.errors import UserError
+
+if TYPE_CHECKING:
+    from inceptionlab.infer.predict import Predictor
 
 
 def predict(
@@ -20,6 +23,10 @@ def predict(
     model: Optional[str] = options.model_option("a pretrained torchvision model (default without --run: inception_v3)"),
     weights: Optional[str] = options.weights_option(),
     topk: int = typer.Option(5, "--topk", min=1, help="How many classes to show per image."),
+    explain: Optional[Path] = typer.Option(
+        None, "--explain", metavar="DIR",
+        help="Also write a Grad-CAM overlay per image into DIR (<name>.cam.png: where the model looked for its "
+             "top class); needs the trust extra (Captum)."),
     batch_size: int = options.batch_size_option(16),
     device: str = options.device_option(),
     as_json: bool = options.json_option('one object per input, {"file", "topk"} or {"file", "error"}'),
@@ -35,11 +42,15 @@ def predict(
       inceptionlab predict val/ --run runs/inception_v3/tiny_imagenet/20261122-101500
 
       inceptionlab predict --run runs/imdb/text_classifier/20261122-101500 --text "The movie was great!"
+
+      inceptionlab predict dog.jpg --explain cams/       # + cams/dog.cam.png (Grad-CAM of the top class)
     """
     from inceptionlab.infer.predict import Predictor
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
     from inceptionlab.runtime import resolve_device
 
+    if (text or text_file) and explain is not None:
+        raise UserError("--explain draws Grad-CAM over images; a text model has none to draw on")
     if text or text_file:
         _predict_texts(run, text, text_file, device, as_json)
         return
@@ -52,14 +63,34 @@ def predict(
     else:
         net, spec = load_pretrained_model(model or "inception_v3", weights or "imagenet")
     predictor = Predictor(net, spec, resolve_device(device))
+    results = predictor.predict_files(inputs, topk=topk, batch_size=batch_size)
+    if explain is not None:
+        results = _with_overlays(predictor, results, explain, batch_size)
     failures = 0
-    for result in predictor.predict_files(inputs, topk=topk, batch_size=batch_size):
+    for result in results:
         failures += "error" in result
         print(json.dumps(result) if as_json else _format(result), flush=True)
     if failures:
         if not as_json:
             typer.echo(f"{failures} input(s) failed", err=True)
         raise typer.Exit(1)
+
+
+def _with_overlays(predictor: "Predictor", results: Iterable[dict], out_dir: Path, batch_size: int) -> Iterator[dict]:
+    """The results as they come, each classified image's with "explain": its Grad-CAM overlay."""
+    from itertools import islice
+
+    from inceptionlab.infer.explain import Explainer, OverlayNames
+
+    explainer, names = Explainer(predictor.model, predictor.spec, predictor.device), OverlayNames()
+    results = iter(results)
+    while chunk := list(islice(results, batch_size)):
+        done = [r for r in chunk if "error" not in r]
+        paths = explainer.explain_files([Path(r["file"]) for r in done], [r["topk"][0]["index"] for r in done],
+                                        out_dir, names=names)
+        for result, path in zip(done, paths):
+            result["explain"] = str(path)
+        yield from chunk
 
 
 def _predict_texts(run: Optional[Path], texts: List[str], files: List[Path], device: str, as_json: bool) -> None:
@@ -83,6 +114,8 @@ def _format(result: dict) -> str:
     width = max(len(t["label"]) for t in result["topk"])
     lines = [result["file"]]
     lines += [f"  {t['prob']:7.2%}  {t['label']:<{width}}  (class {t['index']})" for t in result["topk"]]
+    if "explain" in result:
+        lines.append(f"  Grad-CAM: {result['explain']}")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -27,8 +27,12 @@ def serve(
                                   "precisions only when they pass the agreement rule)."),
     device: str = options.device_option(),
     max_batch: str = typer.Option("auto", "--max-batch", help="Largest batch the dynamic batcher forms; auto: "
-                                  "decided with --instances by measuring each plan's saturation images/s at "
-                                  "start-up (cached per machine): batching only where it pays >= 1.25x."),
+                                  "decided with --instances at start-up: each plan's batch times are measured "
+                                  "(cached per machine) and the plan that holds the highest rate of random "
+                                  "arrivals within --slo-ms is chosen."),
+    slo_ms: float = typer.Option(100.0, "--slo-ms", min=0.001, help="The latency objective auto plans are "
+                                 "chosen for: p99 in ms under Poisson arrivals (the plans' rates and saturation "
+                                 "are printed at start-up)."),
     max_delay_ms: str = typer.Option("auto", "--max-delay-ms", help="Longest a request waits for its batch to "
                                      "fill, ms; auto: 10% of one unbatched inference (1-10 ms), 0 unbatched."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
@@ -42,11 +46,18 @@ def serve(
     drain_s: float = typer.Option(30.0, "--drain-s", min=0, help="On SIGTERM: longest wait for accepted "
                                   "requests."),
     max_body_mb: float = typer.Option(20.0, "--max-body-mb", min=0.001, help="Request body limit (413)."),
+    max_concurrency: int = typer.Option(128, "--max-concurrency", min=1, help="Requests in progress at once "
+                                        "per front end (HTTP requests, gRPC calls); one more gets 503 + "
+                                        "Retry-After (gRPC: RESOURCE_EXHAUSTED) before its body is read. Bounds "
+                                        "memory: at most this many x --max-body-mb of bodies."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Require this key (401 without it); default: "
                                           "$INCEPTIONLAB_API_KEY if set."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the "
                              "network: set an API key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="HTTP port."),
+    explain: bool = typer.Option(False, "--explain", help="Also answer POST /v1/explain?model=NAME with a "
+                                 "Grad-CAM overlay (PNG) of the posted image; each runs the eager model forward "
+                                 "and backward (several inferences' cost), so it is off by default."),
     grpc_port: str = typer.Option("8001", "--grpc-port", help="gRPC port on --host (the protocol's "
                                   "GRPCInferenceService and the grpc.health.v1 service), or off. On by default "
                                   "at 8001, Triton's gRPC port, where Triton's clients and perf_analyzer -i grpc "
@@ -65,6 +76,8 @@ def serve(
       curl -s --data-binary @dog.jpg 'http://127.0.0.1:8000/v1/classify?model=inception_v3'
 
       inceptionlab serve RUN_DIR --grpc-port off    # HTTP only
+
+      inceptionlab serve RUN_DIR --explain          # + curl --data-binary @dog.jpg .../v1/explain -o cam.png
     """
     from inceptionlab.runtime import resolve_device
     from inceptionlab.serve.app import API_KEY_ENV, create_app
@@ -83,12 +96,14 @@ def serve(
     settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
                                  _positive("--instances", instances), weights,
                                  log=lambda message: typer.echo(message, err=True),
-                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate)
-    served = []
+                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate, slo_ms=slo_ms)
+    served, sources = [], []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))
+        sources.append((served[-1], run_dir))
     for name in model:
         served.append(load_served_model(settings, model=name))
+        sources.append((served[-1], None))
     names = [m.name for m in served]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -97,12 +112,31 @@ def serve(
         typer.echo(f"serving {m.describe()}")
     key = api_key or os.environ.get(API_KEY_ENV) or None
     grpc_address = None if grpc_number is None else f"{_bracketed(host)}:{grpc_number}"
-    app = create_app(served, RequestSettings(settings.max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key),
-                     grpc_address)
+    app = create_app(served, RequestSettings(settings.max_delay_ms, max_queue, timeout_s, int(max_body_mb * 2**20), key,
+                                             max_concurrency=max_concurrency),
+                     grpc_address, _explainers(sources, weights, device) if explain else None)
     grpc_note = "" if grpc_number is None else f", gRPC at {_bracketed(host)}:{grpc_number or 'a free port'}"
     typer.echo(f"ready: http://{_bracketed(host)}:{port}/ (KServe v2 at /v2, metrics at /metrics{grpc_note}"
                f"{', API key required' if key else ''}); SIGTERM drains and exits", err=False)
     serve_forever(app, host, port, drain_s)
+
+
+def _explainers(sources: list, weights: Optional[str], device: str) -> Any:
+    """Grad-CAM for each served image model, on its eager PyTorch model (whatever runtime serves /infer)."""
+    from inceptionlab.infer.explain import Explainer
+    from inceptionlab.infer.source import load_source
+    from inceptionlab.runtime import resolve_device
+    from inceptionlab.serve.explain import ExplainService
+
+    explainers = {}
+    for served, run_dir in sources:
+        if not served.is_image:
+            continue
+        source = load_source(run_dir=run_dir, weights=weights) if run_dir is not None else \
+            load_source(model=served.spec.arch, weights=weights)
+        explainers[served.name] = Explainer(source.model, source.spec, resolve_device(device))
+        typer.echo(f"explaining {served.name} with Grad-CAM at {explainers[served.name].layer} (POST /v1/explain)")
+    return ExplainService(explainers)
 
 
 def _named(arg: Path) -> tuple[Optional[str], Path]:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from inceptionlab.config import DataConfig
+from inceptionlab.config import AugmentConfig, DataConfig
 from inceptionlab.data.datasets.cifar10 import load_cifar10
 from inceptionlab.data.datasets.digits import ensure_digits_imagefolder
 from inceptionlab.data.datasets.imdb import CLASS_NAMES, download_imdb, load_imdb
@@ -74,8 +74,9 @@ def _reader(cfg: DataConfig) -> ImageReader:
         raise UserError(f"data.reader={cfg.reader!r} is not one of {known}") from None
 
 
-def read_splits(cfg: DataConfig) -> SplitPair:
-    """Train and val datasets that agree on their classes (plus a test split when the data has one)."""
+def read_splits(cfg: DataConfig, augment: AugmentConfig | None = None) -> SplitPair:
+    """Train and val datasets that agree on their classes (plus a test split when the data has one);
+    `augment` adds the recipe's policy and erasing to an image folder's training transform."""
     if cfg.reader in ARRAY_READERS:
         return ARRAY_READERS[cfg.reader](cfg)
     # Image folders decode files per sample through torchvision transforms (imported only here).
@@ -83,7 +84,7 @@ def read_splits(cfg: DataConfig) -> SplitPair:
     from inceptionlab.data.transforms.host import train_transform  # torchvision (~1.3 s): image folders only
     from inceptionlab.models.spec import eval_transform
 
-    train_tf = train_transform(cfg)
+    train_tf = train_transform(cfg, augment)
     val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)
     reader = _reader(cfg)
     root = reader.root(cfg)

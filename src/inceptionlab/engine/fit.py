@@ -169,8 +169,8 @@ def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int
     r.lr = s.optimizer.param_groups[0]["lr"]
     try:
         return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
-                               on_log=log, agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device)
-                               ), steps_in_epoch
+                               on_log=log, agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device),
+                               epoch=epoch), steps_in_epoch
     except NonFiniteLoss as exc:
         raise UserError(
             f"training diverged in epoch {epoch + 1}: {exc}; kept the last good checkpoint in "

@@ -50,6 +50,8 @@ class StepSettings:
     prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x  # on-device input preparation
     grad_clip_norm: float | None = None
     log_every: int = 10
+    # MixUp/CutMix (data/transforms/mixing.py): (inputs, targets, epoch, step) -> (inputs, loss targets)
+    mix: Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.precision)
@@ -125,8 +127,12 @@ def train_one_epoch(
     first_step: int = 0,
     on_log: Callable[[int, float], None] | None = None,
     agree: Agree = alone,
+    epoch: int = 0,
 ) -> EpochResult:
     """Train over `loader` until it ends or `agree` says a stop was requested.
+
+    With `settings.mix`, the loss sees the mixed batch and its soft targets (a function of the epoch
+    and step, so a resumed run mixes as an uninterrupted one); top-1 counts against the batch's own labels.
 
     The host waits for the device only at log intervals: that is when progress is reported and the
     ranks agree on the loss and on stopping (`agree`: a collective under DDP; every rank runs the same
@@ -141,7 +147,10 @@ def train_one_epoch(
     steady_start, first_samples = None, 0
     for inputs, targets in loader:
         inputs, targets = settings.to_device(inputs, targets)
-        loss, logits = train_step(model, task, optimizer, scaler, settings, inputs, targets)
+        loss_targets = targets
+        if settings.mix is not None:
+            inputs, loss_targets = settings.mix(inputs, targets, epoch, first_step + steps)
+        loss, logits = train_step(model, task, optimizer, scaler, settings, inputs, loss_targets)
         meter.update(loss, task.correct(logits, targets), targets.shape[0])
         steps, samples = steps + 1, samples + targets.numel()
         if steps == 1:  # one sync per epoch: the first step's one-off costs stay out of img/s
@@ -185,8 +194,10 @@ def evaluate(
     settings: StepSettings,
     *,
     confusion: bool = True,
+    on_batch: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> dict[str, Any]:
-    """Loss (sample-weighted), top-1, top-5 and the confusion matrix over the whole loader."""
+    """Loss (sample-weighted), top-1, top-5 and the confusion matrix over the whole loader;
+    `on_batch(logits, targets)` sees every batch (evaluate's per-image results table)."""
     model.eval()
     meter = task.meter(settings.device, confusion=confusion)
     start = time.perf_counter()
@@ -196,6 +207,8 @@ def evaluate(
         with settings.autocast():
             logits = main_logits(model(inputs))
         meter.update(logits, targets, task.eval_loss(logits, targets))
+        if on_batch is not None:
+            on_batch(logits, targets)
         samples += targets.numel()
     _sync(settings.device)
     result = meter.compute()

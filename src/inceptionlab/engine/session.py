@@ -70,6 +70,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     before the loaders (whose augmentation dtype and layout follow the decision) are built."""
     # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
     recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
+    _check_augment(recipe)
     dist = init_distributed(_device_type(recipe.train.device))
     device = resolve_device(recipe.train.device, dist.local_rank if dist.enabled else None)
     threads = start_threads(recipe.train.threads, dist, device)
@@ -91,11 +92,36 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     prepare = input_preparation(spec, recipe.train.channels_last, device)
     if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
-    settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every)
+    settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every,
+                            _batch_mix(recipe, spec, num_classes, dist))
     notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}",
              speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
     return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
                            train_loader, val_loader, settings, notes, splits, test_loader, speed, threads)
+
+
+def _check_augment(recipe: Recipe) -> None:
+    """Before any data is read: a policy or erasing needs per-image transforms (image folders have them,
+    array datasets not); MixUp/CutMix mix the targets of a multiclass task."""
+    if recipe.augment.per_image and recipe.data.reader not in READERS:
+        raise UserError(f"augment.policy and augment.random_erasing act on image folders; data.reader="
+                        f"{recipe.data.reader} is served as arrays without per-image transforms: "
+                        "set augment.policy=none and augment.random_erasing=0")
+    if recipe.augment.mixes and recipe.task != "multiclass":
+        raise UserError(f"augment.mixup_alpha and augment.cutmix_alpha mix the targets of a multiclass task, "
+                        f"not task={recipe.task}: set both to 0")
+
+
+def _batch_mix(recipe: Recipe, spec: ModelSpec, num_classes: int, dist: DistInfo) -> Any:
+    """The step's MixUp/CutMix (None when off); the inputs must be images, which only the data says."""
+    if not recipe.augment.mixes:
+        return None
+    if spec.input_kind != "image":
+        raise UserError(f"augment.mixup_alpha and augment.cutmix_alpha mix images; data.reader={recipe.data.reader} "
+                        f"gives {spec.input_kind}: set both to 0")
+    from inceptionlab.data.transforms.mixing import batch_mix  # start-up time: torchvision (~1.3 s), only when mixing
+
+    return batch_mix(recipe.augment, num_classes, recipe.train.seed, dist.rank)
 
 
 def start_threads(requested: int | None, dist: DistInfo, device: torch.device) -> hardware.ThreadGovernor:
@@ -170,7 +196,7 @@ def _read_data(recipe: Recipe) -> tuple[Any, Any, Any]:
     """(splits, train set, val set): read, capped for smoke runs, checked non-empty."""
     cfg = recipe.data
     importing = _import_in_background()
-    splits = read_splits(cfg)
+    splits = read_splits(cfg, recipe.augment)
     importing.join()  # before any DataLoader worker forks: a fork mid-import would copy a held import lock
     train_set = cap_samples(splits.train, cfg.max_train_samples, recipe.train.seed)
     val_set = cap_samples(splits.val, cfg.max_val_samples, recipe.train.seed)

@@ -36,6 +36,14 @@ class MulticlassTask:
     aux_loss_weight: float = 0.4  # Inception v3 paper's weight for the auxiliary classifier
 
     def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy against class indices (N,) or class probabilities (N, C), the soft targets of
+        MixUp/CutMix (data/transforms/mixing.py); the aux heads see the same targets.
+
+        Label smoothing e turns either target q (one-hot or mixed) into (1 - e) * q + e / C, torch's
+        `cross_entropy(..., label_smoothing=e)` for indices and probabilities alike (torchvision's
+        references mix, then smooth this way). Both steps are linear and the mixing weights sum to 1,
+        so it equals smoothing each one-hot target, then mixing (timm's order).
+        """
         logits, aux = split_outputs(output)
         loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
         for aux_logits in aux:

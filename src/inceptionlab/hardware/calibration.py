@@ -145,9 +145,12 @@ def _refuse_if_nothing_ran(candidates: list[Candidate], figures: Mapping[str, fl
 
 def measured_figures(candidates: list[Any], measure: Callable[[Any, float], float | None] | None,
                      key: CacheKey | None, cache: SpeedCache | None, fresh: bool, budget_s: float,
-                     ruled: dict[str, str], clock: Callable[[], float] = time.perf_counter) -> tuple[dict[str, float], str]:
+                     ruled: dict[str, str], clock: Callable[[], float] = time.perf_counter, *,
+                     stop_when_spent: bool = True) -> tuple[dict[str, float], str]:
     """Images/s per candidate label: the cache's, plus the missing ones timed within `budget_s`; `ruled`
-    gets each candidate without a figure and why (the cache's failures included).
+    gets each candidate without a figure and why (the cache's failures included). With
+    `stop_when_spent`, no candidate runs once the budget is spent; without, each still gets what its
+    measure allots itself (serving plans: 0.5-2 s each, every plan needed for the comparison).
 
     Returns (figures, source): measured | cached | probe (nothing known, nothing timed).
     """
@@ -162,11 +165,11 @@ def measured_figures(candidates: list[Any], measure: Callable[[Any, float], floa
     failed: dict[str, str] = {}
     for index, candidate in enumerate(missing):
         left = budget_s - (clock() - started)
-        if left <= 0:  # spent: nothing more runs, whatever is left (the safe candidate comes first)
+        if left <= 0 and stop_when_spent:  # spent: nothing more runs (the safe candidate comes first)
             for rest in missing[index:]:
                 ruled[rest.label] = f"{NOT_TIMED} the calibration's {budget_s:g} s were spent"
             break
-        figure, why = _measure_safely(measure, candidate, left / (len(missing) - index))
+        figure, why = _measure_safely(measure, candidate, max(0.0, left) / (len(missing) - index))
         if figure is None:
             failed[candidate.label] = ruled[candidate.label] = why
         else:

@@ -26,6 +26,7 @@ from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json
+from inceptionlab.infer.results import LogitsRecorder, check_aligned, sample_files, write_results
 from inceptionlab.metrics import write_confusion
 from inceptionlab.models.registry import load_pretrained_model, load_run_model
 from inceptionlab.models.spec import ModelSpec
@@ -69,10 +70,29 @@ def map_folders_to_model(folders: list[str], spec: ModelSpec, root: Path) -> lis
 
 
 @dataclass
+class PerImage:
+    """What the per-image results table (infer/results.py) is written from."""
+
+    logits: Any  # float32 (N, C) numpy array, binary tasks as [0, z]
+    targets: Any  # int64 (N,) numpy array
+    samples: list[int]  # index of each row's sample in the split
+    files: list[str]  # each row's image file ("" for in-memory splits)
+    meta: dict[str, Any]  # model, data, split: where the rows came from
+
+    @classmethod
+    def collect(cls, recorder: LogitsRecorder, dataset: Any, skipped: list[str], meta: dict[str, Any]) -> "PerImage":
+        logits, targets = recorder.result()
+        rows = sample_files(dataset, skipped)
+        check_aligned(rows, targets)
+        return cls(logits, targets, rows.samples, rows.files, meta)
+
+
+@dataclass
 class Evaluation:
     spec: ModelSpec
     result: dict[str, Any]
     present: list[int]  # model class indices that have samples
+    per_image: PerImage | None = None
 
     def report(self) -> dict[str, Any]:
         per_class = self.result["per_class"]
@@ -87,14 +107,15 @@ class Evaluation:
 
 
 def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.Dataset, *, device: torch.device,
-                   batch_size: int, num_workers: int | None, precision: str = "fp32") -> dict[str, Any]:
+                   batch_size: int, num_workers: int | None, precision: str = "fp32",
+                   recorder: LogitsRecorder | None = None) -> dict[str, Any]:
     model = model.to(device).eval()
     loader = make_loader(dataset, batch_size=batch_size, train=False, seed=0, num_workers=num_workers,
                          pin_memory=device.type == "cuda", device=device)
     settings = StepSettings(device, precision, input_preparation(spec, False, device))
     task = make_task(spec.task, spec.num_classes)
     with hardware.gpu_settings(hardware.device_facts(device), precision):  # as training's validation ran
-        result = evaluate(model, loader, task, settings)
+        result = evaluate(model, loader, task, settings, on_batch=recorder)
     result["skipped"] = loader.skipped
     return result
 
@@ -112,9 +133,14 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     if folders != spec.class_names:
         mapping = map_folders_to_model(folders, spec, Path(getattr(dataset, "root", recipe.data.root or "")))
         dataset = TargetMap(dataset, mapping)  # type: ignore[assignment]
-    result = run_evaluation(model, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers)
+    recorder = LogitsRecorder()
+    result = run_evaluation(model, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
+                            recorder=recorder)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
-    return Evaluation(spec, result, present)
+    meta = {"task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()), "recipe": recipe.name,
+            "weights": str(weights) if weights else None, "data": str(getattr(dataset, "root", recipe.data.root or "")),
+            "split": split or getattr(recipe.data, "val_split", "val"), "train_split": getattr(recipe.data, "train_split", "train")}
+    return Evaluation(spec, result, present, PerImage.collect(recorder, dataset, result["skipped"], meta))
 
 
 def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.device, batch_size: int,
@@ -123,9 +149,13 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
     root = data / "val" if (data / "val").is_dir() else data
     dataset = RobustImageFolder(root, transform=spec.eval_transform())
     mapping = map_folders_to_model(dataset.classes, spec, root)
-    result = run_evaluation(model, spec, TargetMap(dataset, mapping), device=device, batch_size=batch_size,
-                            num_workers=num_workers)
-    return Evaluation(spec, result, sorted(set(mapping)))
+    recorder = LogitsRecorder()
+    mapped = TargetMap(dataset, mapping)
+    result = run_evaluation(model, spec, mapped, device=device, batch_size=batch_size, num_workers=num_workers,
+                            recorder=recorder)
+    meta = {"task": spec.task, "model": name, "run_dir": None, "recipe": None, "weights": weights, "data": str(Path(root).absolute()),
+            "split": root.name, "train_split": None}
+    return Evaluation(spec, result, sorted(set(mapping)), PerImage.collect(recorder, mapped, result["skipped"], meta))
 
 
 def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
@@ -140,7 +170,17 @@ def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
     atomic_write_json(paths["json"], {**evaluation.report(), "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S")})
     write_confusion(paths["confusion_csv"], [evaluation.spec.labels[i] for i in present], confusion)
     plot_confusion(paths["confusion_csv"], paths["confusion_png"])
+    if evaluation.per_image is not None:
+        paths.update(save_per_image(evaluation, out_dir))
     return paths
+
+
+def save_per_image(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
+    """results.csv, logits.npy and results.json: one row per scored image (infer/results.py)."""
+    rows = evaluation.per_image
+    assert rows is not None
+    return write_results(out_dir, rows.logits, rows.targets, files=rows.files, samples=rows.samples,
+                         labels=evaluation.spec.labels, meta={**rows.meta, "class_names": evaluation.spec.class_names})
 
 
 

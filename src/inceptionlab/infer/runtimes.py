@@ -239,13 +239,13 @@ class GraphCalls(threading.local):
     count = 0
 
 
-def inductor_backend(cache: Path, mode: str | None, calls: GraphCalls | None = None) -> Callable[..., Any]:
+def inductor_backend(cache: Path, mode: str | None, counts: CompiledModel | None = None) -> Callable[..., Any]:
     """torch.compile's Inductor (with `mode`'s options) compiling into `cache`: a backend function, so
     every compile and recompile (a new batch size) of this configuration uses this model's cache.
 
     Freezing (weights folded into the graph, oneDNN prepacking them once: inference only) is one of the
     compile's own config patches: a process-wide `inductor.config.patch` around each call changed it
-    for every thread at once. Each compiled graph counts its calls in `calls`.
+    for every thread at once. With `counts`, the graphs compiled and their calls are counted there.
     """
     from torch._inductor import list_mode_options  # start-up time: Inductor only where compiling
     from torch._inductor import compile_fx as inductor
@@ -255,7 +255,10 @@ def inductor_backend(cache: Path, mode: str | None, calls: GraphCalls | None = N
     def compile_into_cache(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
         with inductor_cache_at(cache):
             compiled = inductor.compile_fx(graph, example_inputs, config_patches=patches)
-        return _counted(compiled, calls) if calls is not None else compiled
+        if counts is None:
+            return compiled
+        counts.graphs += 1
+        return _counted(compiled, counts.calls)
 
     return compile_into_cache
 
@@ -275,9 +278,10 @@ class CompiledModel:
     """One torch.compile of one configuration (model, precision, layout, device, mode), shared by every
     session of it: serving instances, bucket sizes, plans timed at start-up and the agreement check."""
 
-    fn: Callable[[torch.Tensor], torch.Tensor]
-    calls: GraphCalls
     dynamic_batch: bool
+    calls: GraphCalls = field(default_factory=GraphCalls)
+    fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    graphs: int = 0  # compiled so far (each batch size with static shapes; batch 1 and the rest, dynamic)
     fell_back: bool = False
 
 
@@ -297,13 +301,14 @@ def compiled_model(model: torch.nn.Module, precision: str, layout: str, device: 
         if key not in known:
             memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
             copied = copy.deepcopy(model).to(device, memory_format=memory_format).eval()
-            calls = GraphCalls()
-            options: dict[str, Any] = {"backend": inductor_backend(cache, mode, calls),
+            made = CompiledModel(dynamic_batch)
+            options: dict[str, Any] = {"backend": inductor_backend(cache, mode, made),
                                        "dynamic": None if dynamic_batch else False}
             accepted = inspect.signature(torch.compile).parameters
             if "isolate_recompiles" in accepted and "recompile_limit" in accepted:
                 options.update(isolate_recompiles=True, recompile_limit=RECOMPILE_LIMIT)
-            known[key] = CompiledModel(torch.compile(copied, **options), calls, dynamic_batch)
+            made.fn = torch.compile(copied, **options)
+            known[key] = made
         return known[key]
 
 

@@ -13,8 +13,9 @@ Two ways to offer load:
   "coordinated omission").
 * **closed loop** (`concurrency`): C clients each send, wait for the answer, and send again.
 
-Requests go over HTTP (`POST /v2/models/{name}/infer` with the binary tensor data extension) or
-gRPC (ModelInfer with `raw_input_contents`), prepared once (payloads.py, transports.py,
+Requests go over HTTP (`POST /v2/models/{name}/infer` with the binary tensor data extension, or
+`body="json"`: the plain JSON form, for servers without the extension) or gRPC (ModelInfer with
+`raw_input_contents`), prepared once (payloads.py, transports.py,
 grpc_client.py); both loops are the same whatever the protocol. Outcomes are counted apart: ok,
 rejected (HTTP 503, gRPC RESOURCE_EXHAUSTED/UNAVAILABLE: the server's bounded queue is full),
 timeout, and other errors; latency percentiles are over successful requests, and a rate only "holds
@@ -50,7 +51,7 @@ import numpy as np
 
 from inceptionlab.errors import UserError
 from inceptionlab.host import load_average
-from inceptionlab.loadtest.payloads import PAYLOADS, ModelInfo, Prepared, encoded_images
+from inceptionlab.loadtest.payloads import BODIES, PAYLOADS, ModelInfo, Prepared, encoded_images
 from inceptionlab.loadtest.server_metrics import server_stats
 from inceptionlab.loadtest.transports import PROTOCOLS, HttpTransport, Record, Transport
 
@@ -91,6 +92,7 @@ class LoadSettings:
     max_requests: int = 100_000  # hard cap on one measurement's schedule
     api_key: str | None = None  # sent as `Authorization: Bearer KEY` (our server's --api-key)
     protocol: str = "http"  # http | grpc
+    body: str = "binary"  # http: binary (the binary tensor data extension) | json (the plain JSON form)
 
 
     def check(self) -> None:
@@ -106,6 +108,8 @@ class LoadSettings:
             raise UserError(f"--payload {self.payload}: use one of {', '.join(PAYLOADS)}")
         if self.protocol not in PROTOCOLS:
             raise UserError(f"--protocol {self.protocol}: use one of {', '.join(PROTOCOLS)}")
+        if self.body not in BODIES:
+            raise UserError(f"--body {self.body}: use one of {', '.join(BODIES)}")
 
 
 # --------------------------------------------------------------------------------------- maths
@@ -319,7 +323,7 @@ def open_transport(settings: LoadSettings) -> Transport:
         from inceptionlab.loadtest.grpc_client import GrpcTransport
 
         return GrpcTransport(settings.url, settings.api_key)
-    return HttpTransport(settings.url, settings.connections, settings.api_key, settings.timeout)
+    return HttpTransport(settings.url, settings.connections, settings.api_key, settings.timeout, settings.body)
 
 
 @dataclass

@@ -5,12 +5,14 @@ What one request carries is protocol-neutral (`TensorRequest`): encoded images a
 shape that the model's metadata reports, as UINT8 pixels (`"tensor"`: our server normalises them) or
 FP32 (`"fp32"`: what Triton serving the ONNX export takes). Each transport encodes it once: HTTP as
 the binary tensor data extension (`infer_body`, by serve/protocol.py's codec: the header that carries
-the JSON part's length, the BYTES element layout), gRPC as a ModelInferRequest with
-`raw_input_contents` (grpc_client.py).
+the JSON part's length, the BYTES element layout) or, with `body="json"`, as the protocol's plain JSON
+form (`json_infer_body`: numbers as a list, BYTES as {"b64": ...}: what a server without the binary
+extension reads), gRPC as a ModelInferRequest with `raw_input_contents` (grpc_client.py).
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from dataclasses import dataclass
@@ -23,9 +25,10 @@ from PIL import Image
 
 from inceptionlab.data.io.image_files import expand_image_paths, sample_image_files
 from inceptionlab.errors import UserError
-from inceptionlab.serve.protocol import DTYPES, HEADER_LENGTH, encode_bytes_elements
+from inceptionlab.serve.protocol import DTYPES, HEADER_LENGTH, encode_bytes_elements, tensor_from_raw
 
 PAYLOADS = ("image", "tensor", "fp32")
+BODIES = ("binary", "json")  # HTTP: the binary tensor data extension, or plain JSON
 # Generated JPEGs when no images are given and the sample pictures are absent: 500x375 is the
 # typical ImageNet validation picture (~110 KB decoded, ~20-40 KB as JPEG).
 GENERATED_SIZE = (500, 375)
@@ -66,6 +69,19 @@ def infer_body(input_name: str, datatype: str, shape: list[int], data: bytes,
         header["outputs"] = [{"name": output, "parameters": {"binary_data": True}}]
     text = json.dumps(header, separators=(",", ":")).encode()
     return Prepared(text + data, {HEADER_LENGTH: str(len(text)), "Content-Type": "application/octet-stream"})
+
+
+def json_infer_body(tensor: TensorRequest) -> Prepared:
+    """The same request in the protocol's plain JSON form: numbers as a flat list, BYTES elements as
+    {"b64": ...} objects (KServe's form for binary data in JSON), the output asked for by name."""
+    decoded = tensor_from_raw(tensor.input_name, tensor.datatype, tensor.shape, tensor.data).data
+    data = [{"b64": base64.b64encode(item).decode()} for item in decoded] if tensor.datatype == "BYTES" \
+        else decoded.reshape(-1).tolist()
+    body: dict[str, Any] = {"inputs": [{"name": tensor.input_name, "shape": tensor.shape, "datatype": tensor.datatype,
+                                        "data": data}]}
+    if tensor.output:
+        body["outputs"] = [{"name": tensor.output}]
+    return Prepared(json.dumps(body, separators=(",", ":")).encode(), {"Content-Type": "application/json"})
 
 
 def response_header(response: httpx.Response) -> dict[str, Any]:
@@ -166,7 +182,9 @@ def tensor_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list
             for array in tensor_pictures(encoded, channels, height, width, DTYPES[datatype])]
 
 
-def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
-    """The HTTP bodies of `tensor_requests`."""
-    return [infer_body(t.input_name, t.datatype, t.shape, t.data, t.output)
-            for t in tensor_requests(info, payload, encoded)]
+def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes], body: str = "binary") -> list[Prepared]:
+    """The HTTP bodies of `tensor_requests`, in the binary extension's form or the plain JSON one."""
+    tensors = tensor_requests(info, payload, encoded)
+    if body == "json":
+        return [json_infer_body(t) for t in tensors]
+    return [infer_body(t.input_name, t.datatype, t.shape, t.data, t.output) for t in tensors]

@@ -66,8 +66,8 @@ class HttpTransport:
 
     protocol = "http"
 
-    def __init__(self, url: str, connections: int, api_key: str | None, timeout: float):
-        self.target = url
+    def __init__(self, url: str, connections: int, api_key: str | None, timeout: float, body: str = "binary"):
+        self.target, self.body = url, body
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout), headers=headers)
@@ -101,7 +101,7 @@ class HttpTransport:
 
     def prepare(self, info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
         self.endpoint = f"{self.target}/v2/models/{info.name}/infer"
-        return prepare_requests(info, payload, encoded)
+        return prepare_requests(info, payload, encoded, self.body)
 
     async def send(self, request: Prepared, scheduled: float, timeout: float) -> Record:
         sent = time.perf_counter()

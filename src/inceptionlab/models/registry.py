@@ -318,3 +318,62 @@ def load_pretrained_model(name: str, weights: str = "imagenet") -> tuple[nn.Modu
     spec = pretrained_spec(name)
     built = build_model(name, spec.num_classes, weights)
     return built.model.eval(), spec
+
+
+# --- Grad-CAM's target layer: where the model's last spatial feature map is. -------------------------------
+# Named for the guide's models and torchvision's common families (by name prefix, first match wins): the
+# last block before global pooling (Inception v3: Mixed_7c, 8x8 at 299 px; ResNet: layer4, 7x7 at 224 px;
+# the guide's CIFAR-10 network: the ReLU after its second convolution, 10x10 at 32 px, finer than the
+# 5x5 of the pooling after it). Any other model gets the last module whose output is a spatial NCHW map
+# (found by one forward pass at the model's input size).
+CAM_LAYERS: dict[str, str] = {
+    "inception_v3": "Mixed_7c", "googlenet": "inception5b", "cifar10_cnn": "4",
+    "resnet": "layer4", "resnext": "layer4", "wide_resnet": "layer4",
+    "densenet": "features", "vgg": "features", "alexnet": "features", "squeezenet": "features",
+    "mobilenet": "features", "efficientnet": "features", "convnext": "features", "mnasnet": "layers",
+    "regnet": "trunk_output", "shufflenet": "conv5",
+}
+# Models with no spatial feature map to explain, and why (a plain message for `--explain`).
+NO_CAM_LAYER: dict[str, str] = {
+    "fashion_mlp": "a multilayer perceptron on flattened pixels has no spatial feature map",
+    "text_classifier": "it classifies text, not images",
+    "vit_": "a vision transformer's tokens form no convolutional feature map after its patch embedding",
+}
+
+
+def _by_prefix(table: dict[str, str], arch: str) -> str | None:
+    return next((value for prefix, value in table.items() if arch.startswith(prefix)), None)
+
+
+def find_spatial_layer(model: nn.Module, input_shape: tuple[int, ...]) -> str | None:
+    """The last module (in the order modules finish) whose output is an (N, C, H, W) map with H, W > 1."""
+    finished: list[str] = []
+
+    def record(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor) and output.ndim == 4 and min(output.shape[2:]) > 1:
+                finished.append(name)
+        return hook
+
+    handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if n]
+    try:
+        with torch.inference_mode():
+            model.eval()(torch.zeros(1, *input_shape))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return finished[-1] if finished else None
+
+
+def cam_layer(arch: str, model: nn.Module, input_shape: tuple[int, ...]) -> str:
+    """The name of the module Grad-CAM explains `model` at (see CAM_LAYERS)."""
+    reason = _by_prefix(NO_CAM_LAYER, arch)
+    if reason is not None:
+        raise UserError(f"{arch}: no Grad-CAM: {reason}")
+    named = _by_prefix(CAM_LAYERS, arch)
+    if named is not None and named in dict(model.named_modules()):
+        return named
+    found = find_spatial_layer(model, input_shape)
+    if found is None:
+        raise UserError(f"{arch}: no Grad-CAM: no layer gives a spatial feature map at input {tuple(input_shape)}")
+    return found

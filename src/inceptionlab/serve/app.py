@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inceptionlab.errors import UserError
+from inceptionlab.serve.explain import ExplainService, install_explain_route
 from inceptionlab.serve.live import LiveStats
 from inceptionlab.serve.metrics import PROTOCOLS
 from inceptionlab.serve.models import ServedModel
@@ -43,6 +44,7 @@ from inceptionlab.serve.service import (
 API_KEY_ENV = "INCEPTIONLAB_API_KEY"
 PUBLIC_PATHS = ("/", "/v2/health/live", "/v2/health/ready")  # probes and the page itself need no key
 PARSE_IN_THREAD_BYTES = 64_000  # json.loads of a 1x3x299x299 FP32 JSON tensor takes ~30 ms: off the loop
+MAX_FORM_FIELDS = 16  # /v1/classify reads only a form's files; other fields are ignored, and bounded
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -93,6 +95,49 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
+class ApiKey:
+    """--api-key: a request without the key is answered 401 from its headers alone, before its body is
+    read (the body limit runs inside this); probes and the page stay open (PUBLIC_PATHS)."""
+
+    def __init__(self, app: Any, key: str):
+        self.app, self.key = app, key
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or key_matches(_headers(scope), self.key):
+            return await self.app(scope, receive, send)
+        await error_response(401, API_KEY_HELP)(scope, receive, send)
+
+
+class ConcurrencyLimit:
+    """At most `limit` HTTP requests in progress (--max-concurrency); one more is answered 503 with
+    Retry-After from its headers alone. Probes and /metrics are never refused: an overloaded server is
+    alive, and its metrics say why."""
+
+    EXEMPT = (*PUBLIC_PATHS, "/metrics")
+
+    def __init__(self, app: Any, limit: int, retry_after_s: int):
+        self.app, self.limit, self.retry_after_s = app, limit, retry_after_s
+        self.in_progress = 0
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["path"] in self.EXEMPT:
+            return await self.app(scope, receive, send)
+        if self.in_progress >= self.limit:
+            refusal = error_response(503, f"{self.in_progress} requests are in progress (--max-concurrency "
+                                     f"{self.limit}); retry later", {"Retry-After": str(self.retry_after_s)})
+            return await refusal(scope, receive, send)
+        self.in_progress += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_progress -= 1
+
+
+def _headers(scope: dict) -> dict[str, str]:
+    """The request's headers, names in lower case (ASGI gives them so; later duplicates win)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
 class CloseWhileDraining:
     """While the server drains, every answer carries `Connection: close`: the client opens a new
     connection for its next request (and gets a 503 with a body) instead of reusing one that the
@@ -125,8 +170,7 @@ class RequestIds:
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = request_id_from(headers)
+        request_id = request_id_from(_headers(scope))
         scope.setdefault("state", {})["request_id"] = request_id
 
         async def send_with_id(message: dict) -> None:
@@ -142,9 +186,10 @@ class RequestIds:
 
 
 def create_app(models: list[ServedModel], settings: RequestSettings | None = None,
-               grpc_address: str | None = None) -> FastAPI:
+               grpc_address: str | None = None, explain: ExplainService | None = None) -> FastAPI:
     """The HTTP app; with `grpc_address` (HOST:PORT, port 0 for any free one) it also serves gRPC,
-    started and drained with the app (the bound port is `app.state.serve.grpc_port`)."""
+    started and drained with the app (the bound port is `app.state.serve.grpc_port`); with `explain`
+    (explain.py), POST /v1/explain answers Grad-CAM overlays (else it says how to turn them on)."""
     state = ServeState(models, settings or RequestSettings())
     live = LiveStats(state.metrics)
 
@@ -168,15 +213,20 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     app.state.serve = state
     app.state.live = live
     _install_errors(app)
-    if state.settings.api_key:
-        _install_api_key(app, state.settings.api_key)
+    # The last one added runs first: ids, then the key and the concurrency bound (both answer from the
+    # headers alone), then the body limit, which reads the body.
     app.add_middleware(BodyLimit, limit=state.settings.max_body_bytes)
+    app.add_middleware(ConcurrencyLimit, limit=state.settings.max_concurrency,
+                       retry_after_s=state.settings.retry_after_s)
+    if state.settings.api_key:
+        app.add_middleware(ApiKey, key=state.settings.api_key)
     app.add_middleware(CloseWhileDraining, state=state)
-    app.add_middleware(RequestIds)  # outermost: a 401 or 413 carries its id too
+    app.add_middleware(RequestIds)  # outermost: a 401, 413 or 503 carries its id too
     _health_routes(app, state)
     _oip_routes(app, state)
     _classify_routes(app, state)
     _live_routes(app, state, live)
+    install_explain_route(app, state, explain)
     return app
 
 
@@ -195,14 +245,6 @@ def _install_errors(app: FastAPI) -> None:
     async def serve_error(request: Request, exc: ServeError) -> JSONResponse:
         headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s is not None else None
         return error_response(exc.status, str(exc), headers)
-
-
-def _install_api_key(app: FastAPI, key: str) -> None:
-    @app.middleware("http")
-    async def require_key(request: Request, call_next: Callable) -> Response:
-        if request.url.path not in PUBLIC_PATHS and not key_matches(request.headers, key):
-            return error_response(401, API_KEY_HELP)
-        return await call_next(request)
 
 
 def _health_routes(app: FastAPI, state: ServeState) -> None:
@@ -265,10 +307,17 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
         async with state.counted(name, "http", request.state.request_id) as counted:
             state.refuse_early(name)
             parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
-            parsed = await state.in_thread(*parse) if len(body) > PARSE_IN_THREAD_BYTES else parse[0](*parse[1:])
+            parsed = await state.in_thread(*parse) if _json_bytes(*parse[1:]) > PARSE_IN_THREAD_BYTES \
+                else parse[0](*parse[1:])
             outputs = await state.infer(model, parsed, counted)
             payload, headers = encode_infer_response(name, "1", parsed, outputs)
             return Response(payload, headers=headers)
+
+
+def _json_bytes(body: bytes, header_length: str | None) -> int:
+    """How much of the body is JSON to parse: the binary extension's tensors are views of the body, parsed
+    at no cost whatever their size."""
+    return int(header_length) if header_length and header_length.isdigit() else len(body)
 
 
 def _ready_only(body: bytes) -> bool:
@@ -329,17 +378,32 @@ async def _classify_inputs(state: ServeState, served: ServedModel,
         item, count = await state.in_thread(served.encode_texts, texts)
         return texts, item, count, {}
     if content_type.startswith("multipart/form-data"):
-        form = await request.form()
-        files = [(v.filename or key, await v.read()) for key, v in form.multi_items() if hasattr(v, "read")]
-        if not files:
-            raise ProtocolError("the multipart form has no files; send images as file fields")
+        files = await _uploaded_files(request, served.max_batch)
     else:
         files = [("body", await request.body())]
     return await state.in_thread(_decode_some, served, files)
 
 
+async def _uploaded_files(request: Request, max_batch: int) -> list[tuple[str, bytes]]:
+    """The form's files, counted as they are parsed: one past --max-batch ends the parse, before
+    anything is decoded."""
+    try:
+        form = await request.form(max_files=max_batch, max_fields=MAX_FORM_FIELDS)
+    except StarletteHTTPException as exc:
+        if "Too many files" not in str(exc.detail):
+            raise
+        raise ProtocolError(f"more than {max_batch} images in one request (--max-batch {max_batch}); split "
+                            "them") from None
+    files = [(v.filename or key, await v.read()) for key, v in form.multi_items() if hasattr(v, "read")]
+    if not files:
+        raise ProtocolError("the multipart form has no files; send images as file fields")
+    return files
+
+
 def _decode_some(served: ServedModel, files: list[tuple[str, bytes]]) -> tuple[list[str], Any, int, dict[str, str]]:
-    """Decode every file; bad ones become per-file errors unless none is usable (then a 400)."""
+    """Decode every file; bad ones become per-file errors unless none is usable (then a 400). The
+    request's pixel budget is checked first, from the files' headers."""
+    served.check_pixel_budget([data for _, data in files])
     good, names, errors = [], [], {}
     for name, data in files:
         try:
@@ -349,8 +413,6 @@ def _decode_some(served: ServedModel, files: list[tuple[str, bytes]]) -> tuple[l
             errors[name] = " ".join(str(exc).split())
     if not good:
         raise ProtocolError(next(iter(errors.values())))
-    if len(good) > served.max_batch:
-        raise ProtocolError(f"{len(good)} images in one request exceed --max-batch {served.max_batch}; split them")
     return names, np.stack(good), len(good), errors
 
 

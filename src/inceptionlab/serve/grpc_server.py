@@ -10,10 +10,11 @@ Inference answers in the form it was asked: raw_input_contents in, raw_output_co
 Triton's clients send and read); typed contents in (`contents.fp32_contents`, ...), typed out.
 Errors are gRPC statuses with a one-line message naming the field or the setting (service.KINDS):
 INVALID_ARGUMENT, NOT_FOUND (unknown model), RESOURCE_EXHAUSTED (queue full; a message over
---max-body-mb), UNAVAILABLE (draining), DEADLINE_EXCEEDED (--timeout-s or the client's deadline,
-whichever comes first), UNAUTHENTICATED (with --api-key: the same key as over HTTP, as metadata),
-INTERNAL (the server's own failure: the message names the request's id, which every ModelInfer answer
-also carries as `x-request-id` trailing metadata, and the server's log has the traceback under it).
+--max-body-mb; more than --max-concurrency calls in progress), UNAVAILABLE (draining),
+DEADLINE_EXCEEDED (--timeout-s or the client's deadline, whichever comes first), UNAUTHENTICATED
+(with --api-key: the same key as over HTTP, as metadata), INTERNAL (the server's own failure: the
+message names the request's id, which every ModelInfer answer also carries as `x-request-id`
+trailing metadata, and the server's log has the traceback under it).
 
 Health services: "" and "inference.GRPCInferenceService" are SERVING while the server is ready and
 not draining (readiness probes), each model's name likewise, and "live" is SERVING until the
@@ -228,7 +229,9 @@ async def start_grpc(state: ServeState, address: str) -> GrpcFront:
         ("grpc.max_send_message_length", -1),
     ]
     interceptors = [_ApiKey(state.settings.api_key)] if state.settings.api_key else []
-    server = grpc.aio.server(interceptors=interceptors, options=options)
+    # One call past --max-concurrency is answered RESOURCE_EXHAUSTED by grpcio itself, before any handler runs.
+    server = grpc.aio.server(interceptors=interceptors, options=options,
+                             maximum_concurrent_rpcs=state.settings.max_concurrency)
     server.add_generic_rpc_handlers((_inference_handler(InferenceServicer(state)),))
     health_pb2_grpc.add_HealthServicer_to_server(await _health(state), server)
     try:

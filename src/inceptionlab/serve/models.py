@@ -72,6 +72,11 @@ OUTPUTS = ("probabilities", "logits")
 # Uploads above this many pixels are refused before decoding: a 40 Mpx RGB image is 120 MB decoded,
 # 12x a 12 Mpx phone photo; JPEGs are drafted down anyway, PNG/TIFF "bombs" would be decoded in full.
 MAX_UPLOAD_PIXELS = 40_000_000
+# All of one request's images together, as decoded (JPEGs after drafting): 80 Mpx is 240 MB of RGB, two
+# of the largest uploads; 32 phone photos of 12 Mpx draft down to ~6 Mpx at a 342 px eval size. Checked
+# from the headers before anything is decoded, so one request cannot make the server decode dozens of
+# large PNGs in full.
+MAX_REQUEST_PIXELS = 80_000_000
 MAX_TEXT_BYTES = 100_000  # a long IMDB review is ~10 kB; the model reads its first seq_len words
 
 
@@ -80,7 +85,8 @@ class ModelLoadSettings:
     """How each served model is loaded: runtime, precision, device, batch buckets, instances.
 
     None for max_batch, instances or max_delay_ms means `auto`: decided on this machine at start-up
-    (hardware.decide_serving: saturation images/s of each plan measured, cached per machine).
+    (hardware.decide_serving: each plan's saturation images/s measured and cached per machine, and the
+    plan holding the highest Poisson rate within `slo_ms` at p99 chosen).
     """
 
     backend: str = "auto"
@@ -93,6 +99,7 @@ class ModelLoadSettings:
     log: Callable[[str], None] = print
     max_delay_ms: float | None = None
     fresh: bool = False  # measure the serving plan afresh instead of reusing the speed cache
+    slo_ms: float = hardware.DEFAULT_SLO_MS  # the p99 objective the plan is chosen for
 
 
 def auto_backend(device: str, input_kind: str) -> str:
@@ -200,6 +207,10 @@ class ServedModel:
             raise ProtocolError(f"model {self.name!r} has no input {tensor.name!r}; it takes {self.accepted_inputs()}")
         return readers[tensor.name](tensor)
 
+    def takes_as_is(self, tensor: InputTensor) -> bool:
+        """A tensor that `prepare_tensor` only checks (pixels or normalised values): no decoding."""
+        return self.is_image and tensor.name == IMAGE_INPUT and tensor.datatype in ("FP32", "UINT8")
+
     def _image_tensor(self, tensor: InputTensor) -> tuple[np.ndarray, int]:
         if tensor.datatype == "BYTES":  # encoded files sent to `images`, as before `image_bytes` was declared
             return self._encoded_images(tensor)
@@ -218,15 +229,27 @@ class ServedModel:
     def decode_images(self, blobs: Sequence[bytes], names: Sequence[str] | None = None) -> tuple[np.ndarray, int]:
         if not blobs:
             raise ProtocolError("no images in the request")
+        self.check_pixel_budget(blobs)
         names = names or [f"#{i}" for i in range(len(blobs))]
         return np.stack([self.preprocess_image(blob, name) for blob, name in zip(blobs, names)]), len(blobs)
+
+    def check_pixel_budget(self, blobs: Sequence[bytes]) -> None:
+        """Refuse a request whose images would decode to more than MAX_REQUEST_PIXELS together, from
+        their headers alone (unreadable headers count 0: decoding them fails on its own). One image
+        cannot exceed it: each is held to MAX_UPLOAD_PIXELS, which is less."""
+        if len(blobs) < 2:
+            return  # a header read took ~0.2 ms, a 500x375 JPEG's decode ~2.4 ms (2-core AMD EPYC, busy)
+        total = sum(_decoded_pixels(blob, self.spec.resize_size) for blob in blobs)
+        if total > MAX_REQUEST_PIXELS:
+            raise ProtocolError(f"the request's {len(blobs)} images decode to {total:,} pixels, above the "
+                                f"{MAX_REQUEST_PIXELS:,}-pixel budget of one request; send fewer or smaller images")
 
     def preprocess_image(self, data: bytes, name: str) -> np.ndarray:
         """Encoded image -> uint8 CHW after the spec's eval transform (what `predict` does to a file)."""
         if not data:
             raise ProtocolError(f"image {name}: empty; send the image file's bytes")
-        _check_pixels(data, name)
-        image = decode_rgb(data, name, max_side=self.spec.resize_size)
+        # Decompression bombs are refused from the header, before anything is decoded.
+        image = decode_rgb(data, name, max_side=self.spec.resize_size, max_pixels=MAX_UPLOAD_PIXELS)
         return np.asarray(torch.as_tensor(self.transform(image)))  # the spec's transform converts channels too
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, int]:
@@ -280,16 +303,16 @@ def _utf8(item: bytes, index: int) -> str:
         raise ProtocolError(f"text #{index} is not valid UTF-8") from None
 
 
-def _check_pixels(data: bytes, name: str) -> None:
-    """Refuse decompression bombs from the header alone (Image.open is lazy: nothing is decoded)."""
+def _decoded_pixels(data: bytes, max_side: int) -> int:
+    """How many pixels decoding `data` produces (decode_rgb drafts JPEGs down to `max_side`), read from
+    the header (Image.open is lazy; draft only picks the JPEG decoder's scale); 0 when PIL cannot tell."""
     try:
         with Image.open(io.BytesIO(data)) as image:
+            image.draft("RGB", (max_side, max_side))
             width, height = image.size
-    except Exception:  # noqa: BLE001 - not an image, or PIL's own bomb check: decode_rgb says which
-        return
-    if width * height > MAX_UPLOAD_PIXELS:
-        raise ProtocolError(f"image {name}: {width} x {height} pixels is above the {MAX_UPLOAD_PIXELS:,} pixel "
-                            "limit; downscale it first")
+    except Exception:  # noqa: BLE001 - not an image: decode_rgb says so, per file
+        return 0
+    return width * height
 
 
 # --------------------------------------------------------------------------------------- loading
@@ -357,7 +380,7 @@ def decide_plan(opener: EngineOpener, settings: ModelLoadSettings) -> hardware.S
                             extra=f"{opener.backend}/{opener.precision}")
     return hardware.decide_serving(plans, lambda plan, seconds: saturation(opener, plan, cpus, gpu, seconds),
                                    cpus=cpus, gpu=gpu, key=key, cache=hardware.SpeedCache(), fresh=settings.fresh,
-                                   delay_ms=settings.max_delay_ms)
+                                   delay_ms=settings.max_delay_ms, slo_ms=settings.slo_ms)
 
 
 def saturation(opener: EngineOpener, plan: hardware.ServePlan, cpus: int, gpu: bool, seconds: float) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,13 @@ CONTENTS_FIELDS = {
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
+
+
+# Bounds on a client-given shape, checked in Python integers before numpy sees it (np.prod wraps around
+# int64: [2**32, 2**32] multiplied to 0 and "matched" an empty tensor). 8 dimensions are more than any
+# model here takes (NCHW is 4); 2**31 elements are 8 GiB of FP32, far above any --max-body-mb.
+MAX_DIMS = 8
+MAX_ELEMENTS = 2**31
 
 
 class ProtocolError(ValueError):
@@ -146,6 +154,11 @@ def check_header(name: str, datatype: Any, shape: Any) -> None:
                             f"({', '.join([*DTYPES, 'BYTES'])})")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
         raise ProtocolError(f'input {name!r}: "shape" must be a list of non-negative integers')
+    if len(shape) > MAX_DIMS:
+        raise ProtocolError(f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_DIMS} are accepted")
+    if max(shape, default=0) > MAX_ELEMENTS or math.prod(shape) > MAX_ELEMENTS:
+        raise ProtocolError(f"input {name!r}: shape {shape} is larger than any tensor this server takes "
+                            f"(at most {MAX_ELEMENTS:,} elements, and per dimension)")
 
 
 def tensor_from_raw(name: str, datatype: str, shape: list[int], raw: bytes) -> InputTensor:
@@ -162,7 +175,7 @@ def tensor_from_values(name: str, datatype: str, shape: list[int], values: Any) 
 
 
 def _tensor(name: str, datatype: str, shape: list[int], data: np.ndarray | list[bytes]) -> InputTensor:
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)  # Python integers (check_header bounded them); 1 for a scalar
     got = len(data) if isinstance(data, list) else data.size
     if got != count:
         raise ProtocolError(f"input {name!r}: shape {shape} needs {count} elements, got {got}")

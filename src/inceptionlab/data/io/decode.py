@@ -71,11 +71,13 @@ def load_rgb(path: str | os.PathLike[str], max_side: int | None = None) -> Image
     return _to_rgb(image)
 
 
-def decode_rgb(data: bytes, name: str = "<upload>", max_side: int | None = None) -> Image.Image:
+def decode_rgb(data: bytes, name: str = "<upload>", max_side: int | None = None,
+               max_pixels: int | None = None) -> Image.Image:
     """`load_rgb` for bytes already in memory (an upload to the server): same checks, same errors;
-    `name` stands for the path in the one-line message."""
+    `name` stands for the path in the one-line message. `max_pixels` refuses a larger image from its
+    header, before anything is decoded (the server's limit, stricter than PIL's own)."""
     fp = io.BytesIO(data)
-    image = _apply_exif_orientation(_decode(fp, Path(name), max_side))
+    image = _apply_exif_orientation(_decode(fp, Path(name), max_side, max_pixels))
     return _to_rgb(image)
 
 
@@ -96,13 +98,17 @@ def _open_file(path: Path) -> BinaryIO:
         raise _error(path, f"cannot open file ({exc.strerror or exc})", "check the file") from exc
 
 
-def _decode(fp: BinaryIO, path: Path, max_side: int | None) -> Image.Image:
+def _decode(fp: BinaryIO, path: Path, max_side: int | None, max_pixels: int | None = None) -> Image.Image:
     """Identify and fully decode the image, so a damaged file fails here and never later."""
     try:
         # Between MAX_IMAGE_PIXELS and twice that PIL only warns (such images are fine to classify);
         # the CLI silences that warning once for its process (cli/app.py quiet_image_warnings): a
         # filter swapped per call here would race between the server's decoding threads.
         image = Image.open(fp)
+        width, height = image.size
+        if max_pixels is not None and width * height > max_pixels:
+            raise _error(path, f"{width} x {height} pixels is above the {max_pixels:,}-pixel limit",
+                         "downscale it first")
         if max_side is not None:
             # Only JPEG (and MPO, its multi-picture variant) implements draft; it is a no-op
             # elsewhere. The JPEG decoder then scales by 1/2..1/8 at no extra cost.

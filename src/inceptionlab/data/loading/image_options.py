@@ -8,12 +8,13 @@ for the same (seed, epoch, rank, batch), so these live here rather than in eithe
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils.data import Subset
 
+from inceptionlab.config import AugmentConfig
 from inceptionlab.data.transforms.device import DEFAULT_RATIO, DeviceAugment
 from inceptionlab.runtime import AUTOCAST_DTYPES
 
@@ -33,6 +34,7 @@ class DeviceImageOptions:
     cache_size: int = 342
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
+    augmentation: AugmentConfig = field(default_factory=AugmentConfig)  # policy and erasing after the crop (training)
 
     @classmethod
     def from_recipe(cls, recipe: Any, device: torch.device | str = "cpu") -> "DeviceImageOptions":
@@ -50,12 +52,21 @@ class DeviceImageOptions:
         channels_last = train.channels_last if isinstance(train.channels_last, bool) else True
         return cls(data.train_crop_size, tuple(data.train_crop_scale), DEFAULT_RATIO, data.hflip,
                    data.val_resize_size, data.val_crop_size, tuple(data.mean), tuple(data.std),
-                   data.cache_size, AUTOCAST_DTYPES[precision] or torch.float32, channels_last)
+                   data.cache_size, AUTOCAST_DTYPES[precision] or torch.float32, channels_last, recipe.augment)
 
-    def augment(self, train: bool) -> DeviceAugment:
+    def augment(self, train: bool) -> Any:
+        """The batch transform: `DeviceAugment`, or for training with a policy or erasing, `PolicyAugment`
+        (the same call)."""
         if train:
-            return DeviceAugment(self.train_size, self.mean, self.std, True, self.scale, self.ratio, self.hflip,
+            crop = DeviceAugment(self.train_size, self.mean, self.std, True, self.scale, self.ratio, self.hflip,
                                  dtype=self.dtype, channels_last=self.channels_last)
+            if not self.augmentation.per_image:
+                return crop
+            # start-up time: the policies read torchvision's tables; imported only when a recipe asks for one
+            from inceptionlab.data.transforms.device_policy import PolicyAugment
+            from inceptionlab.data.transforms.policies import batch_policy
+
+            return PolicyAugment(crop, batch_policy(self.augmentation), self.augmentation.random_erasing)
         return DeviceAugment(self.val_crop_size, self.mean, self.std, False, resize_size=self.val_resize_size,
                              dtype=self.dtype, channels_last=self.channels_last)
 

@@ -1,0 +1,231 @@
+"""The server's own CPU per request, and where it goes: `inceptionlab serve` variants A/B'd in one run.
+
+    python benchmarks/serve_cpu.py --run RUN_DIR                         # uvicorn[standard] vs plain, HTTP
+    python benchmarks/serve_cpu.py --run RUN_DIR --variants standard --profile runs/serve-cpu
+    python benchmarks/serve_cpu.py --model inception_v3 --protocol grpc --payload tensor --rate 10
+
+Each variant is its own `inceptionlab serve` process on 127.0.0.1, all started before the first
+measurement and all alive until the last, and the same open-loop Poisson load (the loadtest library,
+this process) goes to each in turn, round after round (A B A B ...): a figure taken while another
+program used the machine meets its twin in the next round. Per measurement: the server process's CPU
+time (user + system, every thread, from /proc) over the requests it answered, in ms per request, and
+the client's latency percentiles. CPU time per request moves much less than latency when the machine
+is shared, but neither is a result unless the machine was quiet (the load average is in every row).
+
+Variants (the event loop and HTTP parser uvicorn runs on, and the collector policy):
+  standard  uvloop + httptools (uvicorn's `auto` when `uvicorn[standard]` is installed), what serve runs on
+  plain     asyncio's own loop + h11 (uvicorn without its standard extras)
+  nofreeze  standard, without freezing start-up's objects out of the garbage collector's reach
+  young10k  standard, with the youngest generation collected every 10,000 allocations instead of 700
+
+`--profile DIR` attaches py-spy to each server for its first measurement (--profile-rate samples/s, idle
+threads left out; on a busy 2-core machine py-spy falls behind at 200/s) and prints where
+its CPU went, by part: HTTP (uvicorn, starlette, FastAPI), decoding and preprocessing (PIL,
+torchvision), inference (the runtime), batching, metrics, request parsing, response encoding, gRPC, the
+event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from _results import render_file, write_result  # this folder's sibling module
+from inceptionlab.loadtest.generator import LoadSettings, run_load
+
+VARIANTS = {"standard": {"loop": "auto", "http": "auto", "freeze": True},
+            "plain": {"loop": "asyncio", "http": "h11", "freeze": True},
+            "nofreeze": {"loop": "auto", "http": "auto", "freeze": False},
+            "young10k": {"loop": "auto", "http": "auto", "freeze": True, "threshold": (10_000, 10, 10)}}
+READY_TIMEOUT_S = 900
+TICKS = os.sysconf("SC_CLK_TCK")
+# Where a sample's CPU went: the first part whose pattern matches a frame (function and file, as py-spy
+# prints them), from the leaf up.
+PARTS = [("inference", r"infer/runtimes|openvino|onnxruntime|torch/nn/"),
+         ("decode", r"PIL/|data/io/decode"), ("preprocessing", r"torchvision|models/spec|preprocess_image|normali"),
+         ("metrics", r"prometheus_client|serve/metrics|serve/live"),
+         ("request parsing", r"parse_infer_request|serve/protocol|multipart|decode_request|formparsers"),
+         ("response encoding", r"encode_|json/|jsonable_encoder|responses\.py"), ("gRPC", r"grpc"),
+         ("batching", r"serve/batcher"), ("HTTP", r"uvicorn|starlette|fastapi|httptools|h11|anyio"),
+         ("event loop", r"asyncio|uvloop|selectors|concurrent/futures|threading")]
+
+
+COLUMNS = [("variant", "variant"), ("round", "round"), ("server_cpu_ms_per_request", "server CPU, ms per request", ".2f"),
+           ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"), ("ok", "answered"), ("errors", "failed"),
+           ("client_cpu", "client CPU, cores", ".2f"), ("loadavg_1min", "load average", ".1f")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_as_server(variant: str, argv: list[str]) -> None:
+    """This file as the server process: `inceptionlab serve` with the variant's loop, parser and collector."""
+    from inceptionlab.cli.app import main
+    from inceptionlab.serve import server
+
+    chosen = VARIANTS[variant]
+    config, settle = server.uvicorn_config, server.settle_collector
+    server.uvicorn_config = lambda *args, **kwargs: _with(config(*args, **kwargs), chosen)
+    if not chosen["freeze"]:
+        server.settle_collector = lambda: None
+    elif "threshold" in chosen:
+        server.settle_collector = lambda: (settle(), gc.set_threshold(*chosen["threshold"]))
+    main(argv)
+
+
+def _with(config: Any, chosen: dict[str, Any]) -> Any:
+    config.loop, config.http = chosen["loop"], chosen["http"]
+    return config
+
+
+class Server:
+    def __init__(self, variant: str, serve_args: list[str], log: Path):
+        self.variant, self.port, self.grpc_port = variant, free_port(), free_port()
+        command = [sys.executable, __file__, "--as-server", variant, "serve", *serve_args, "--port", str(self.port),
+                   "--grpc-port", str(self.grpc_port)]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "w")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.pid: int | None = None
+
+    def url(self, protocol: str) -> str:
+        return f"http://127.0.0.1:{self.port}" if protocol == "http" else f"127.0.0.1:{self.grpc_port}"
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.variant}: the server exited ({self.process.returncode}); "
+                                       f"see {self.log.name}")
+                try:
+                    if client.get(f"{self.url('http')}/v2/health/ready").status_code == 200:
+                        self.pid = self.process.pid
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)  # polling a subprocess's readiness: nothing to wait on instead
+        raise RuntimeError(f"{self.variant}: not ready after {READY_TIMEOUT_S} s")
+
+    def profiler(self, path: Path, seconds: float, rate: int) -> subprocess.Popen:
+        """py-spy attached to the server for `seconds` (the measurement's window, not start-up), raw stacks to
+        `path`; it samples without stopping the server."""
+        spy = Path(sys.executable).with_name("py-spy")  # installed beside this Python, else on PATH
+        return subprocess.Popen([str(spy) if spy.exists() else "py-spy", "record", "--pid", str(self.pid),
+                                 "--duration", str(max(1, round(seconds))), "--rate", str(rate), "--format", "raw",
+                                 "--nonblocking", "-o", str(path)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime of every thread
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)  # the server drains and exits
+        try:
+            self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+def measure(server: Server, args: argparse.Namespace, seed: int, profile: Path | None = None) -> dict[str, Any]:
+    settings = LoadSettings(server.url(args.protocol), model=args.name, rate=args.rate, duration=args.duration,
+                            payload=args.payload, protocol=args.protocol, warmup=0, seed=seed, slo_ms=1e9)
+    spy = server.profiler(profile, args.duration, args.profile_rate) if profile is not None else None
+    before = server.cpu_seconds()
+    row = run_load(settings)
+    spent = server.cpu_seconds() - before
+    if spy is not None:
+        spy.wait(timeout=120)
+    return {"variant": server.variant, "ok": row["ok"], "errors": row["error"] + row["rejected"] + row["timeout"],
+            "server_cpu_ms_per_request": round(1e3 * spent / max(1, row["ok"]), 3),
+            "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "client_cpu": row["client_cpu"],
+            "loadavg_1min": row["loadavg_1min"]}
+
+
+def profile_parts(path: Path) -> dict[str, float]:
+    """Shares of the samples in a py-spy raw file (collapsed stacks), by PARTS."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, number = line.rpartition(" ")
+        if not stack or not number.isdigit():
+            continue
+        frames = stack.split(";")[::-1]
+        part = next((name for frame in frames for name, pattern in PARTS if re.search(pattern, frame)), "other")
+        counts[part] += int(number)
+    total = sum(counts.values()) or 1
+    return {part: round(count / total, 3) for part, count in counts.most_common()}
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--as-server":
+        return run_as_server(sys.argv[2], sys.argv[3:])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, help="a run directory (the demo's is the small per-image cost)")
+    parser.add_argument("--model", help="a pretrained model instead, e.g. inception_v3 (random weights)")
+    parser.add_argument("--serve-args", default="", help="more `serve` options, e.g. '--instances 1 --max-batch 32'")
+    parser.add_argument("--variants", default="standard,plain", help=f"comma list of {', '.join(VARIANTS)}")
+    parser.add_argument("--protocol", default="http", choices=["http", "grpc"])
+    parser.add_argument("--payload", default="image", help="image (encoded files), tensor (UINT8) or fp32")
+    parser.add_argument("--rate", type=float, default=80.0, help="Poisson requests/s (below saturation)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--profile", type=Path, default=None, help="run the servers under py-spy; raw files here")
+    parser.add_argument("--profile-rate", type=int, default=50, help="py-spy's samples per second")
+    parser.add_argument("--out", type=Path, default=Path("runs/serve-cpu"))
+    args = parser.parse_args()
+    if (args.run is None) == (args.model is None):
+        parser.error("give --run RUN_DIR or --model NAME")
+    args.name = "model"
+    source = [f"{args.name}={args.run}"] if args.run else ["--model", args.model, "--weights", "random"]
+    if args.model:
+        args.name = args.model
+    serve_args = [*source, *args.serve_args.split()]
+    servers = [Server(v, serve_args, args.out / f"server-{v}.log") for v in args.variants.split(",")]
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for server in servers:
+            server.wait_ready()
+        for round_ in range(args.rounds):
+            for server in servers:
+                profile = args.profile / f"{server.variant}.txt" if args.profile is not None and round_ == 0 else None
+                rows.append({**measure(server, args, seed=round_, profile=profile), "round": round_})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+    profiles = {server.variant: profile_parts(args.profile / f"{server.variant}.txt") for server in servers
+                if args.profile is not None and (args.profile / f"{server.variant}.txt").exists()}
+    path = write_result("serve_cpu", rows, columns=COLUMNS,
+                        settings={k: str(v) for k, v in vars(args).items()},
+                        title=f"`inceptionlab serve` CPU per request: {args.run or args.model}, {args.protocol}, "
+                              f"{args.payload} payload, Poisson {args.rate:g}/s, {args.rounds} rounds A/B",
+                        details={"profiles": profiles})
+    print(render_file(path))
+    for variant, parts in profiles.items():
+        print(f"{variant}, where the server's CPU went: " + ", ".join(f"{k} {v:.0%}" for k, v in parts.items()))
+
+
+if __name__ == "__main__":
+    main()

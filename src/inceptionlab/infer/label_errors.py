@@ -1,0 +1,72 @@
+"""Likely label errors: images whose given class the model's held-out probabilities contradict.
+
+Ranked by confident learning (Northcutt et al. 2021) with cleanlab's `find_label_issues`, from the
+per-image results table (infer/results.py): no model is run. The probabilities must be held out (the
+validation split of a run, whose images the model never trained on); on the training split the model
+has memorised the labels, wrong ones included, and few errors are found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inceptionlab.errors import UserError
+from inceptionlab.infer.results import Results
+
+
+def _cleanlab_filter() -> Any:
+    """cleanlab.filter, imported on first use (it imports scikit-learn and pandas: seconds)."""
+    try:
+        import cleanlab.filter  # seconds (scikit-learn, pandas); only the label check needs it
+    except ImportError:
+        raise UserError("the label-error check needs cleanlab: pip install 'inceptionlab[trust]' "
+                        "(or pip install cleanlab)") from None
+    return cleanlab.filter
+
+
+@dataclass
+class LabelIssue:
+    row: int  # the results table's row
+    given: int  # the class the data gives (model output index)
+    suggested: int  # the model's most probable class among the classes present
+    self_confidence: float  # the model's probability of the given class (cleanlab's ranking score)
+    suggested_prob: float
+
+    def as_dict(self, results: Results) -> dict[str, Any]:
+        labels = results.labels
+        return {"row": self.row, "file": results.rows[self.row]["file"], "given": labels[self.given],
+                "suggested": labels[self.suggested], "self_confidence": round(self.self_confidence, 6),
+                "suggested_prob": round(self.suggested_prob, 6)}
+
+
+def held_out(results: Results) -> bool:
+    """False when the table scores the split the model was trained on."""
+    return results.meta.get("split") != results.meta.get("train_split")
+
+
+def likely_label_errors(results: Results, temperature: float = 1.0) -> list[LabelIssue]:
+    """The rows cleanlab flags, most likely first (lowest probability of the given label).
+
+    Only the classes with samples in the table take part: a 1000-class ImageNet model scored on 200
+    classes has its probabilities renormalised over those 200, since confident learning estimates how
+    often each given class is really another one, which it can only do for classes that occur.
+    """
+    if len(results.rows) == 0:
+        return []
+    given = results.targets
+    present = np.unique(given)
+    if len(present) < 2:
+        return []  # one class: nothing to confuse it with
+    probs = results.probabilities(temperature)[:, present]
+    probs = probs / probs.sum(axis=1, keepdims=True)
+    dense = np.searchsorted(present, given)  # cleanlab wants labels 0..K-1
+    ranked = _cleanlab_filter().find_label_issues(dense, probs, return_indices_ranked_by="self_confidence")
+    issues = []
+    for row in map(int, ranked):
+        best = int(probs[row].argmax())
+        issues.append(LabelIssue(row, int(given[row]), int(present[best]), float(probs[row, dense[row]]),
+                                 float(probs[row, best])))
+    return issues

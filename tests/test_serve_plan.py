@@ -1,0 +1,109 @@
+"""The serving plan is chosen for latency under random arrivals: queueing.py's simulation of the batcher
+and hardware.decide_serving's rule (fake saturation figures; the server's side is test_serve_auto_batch.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from inceptionlab import hardware, queueing
+from inceptionlab.queueing import BatchTimes
+
+
+def test_one_unbatched_instance_queues_as_queueing_theory_says():
+    """M/D/1 (Poisson arrivals, 10 ms per request, half busy): Pollaczek-Khinchine's mean wait is
+    rho x s / (2 (1 - rho)) = 5 ms, so 15 ms from arrival to answer."""
+    latencies = queueing.simulate(queueing.poisson_arrivals(50.0, 100_000, seed=1), 1, BatchTimes(0.01, 0.01, 1), 0.0)
+    assert latencies.mean() == pytest.approx(0.015, rel=0.03)
+    assert latencies.min() == pytest.approx(0.01)
+
+
+def test_a_lone_request_waits_the_whole_delay_and_a_full_batch_goes_at_once():
+    times = BatchTimes(0.010, 0.040, 4)
+    alone = queueing.simulate([0.0, 10.0], 1, times, 0.005)
+    assert alone.tolist() == pytest.approx([0.015, 0.015])  # 5 ms for company that never came, then batch 1
+    burst = queueing.simulate([0.0, 0.001, 0.002, 0.003, 0.004], 1, times, 0.5)
+    # the first four fill a batch when the fourth arrives (3 ms); the fifth waits for it, then its delay
+    assert burst[:4].tolist() == pytest.approx([0.043, 0.042, 0.041, 0.040])
+    assert burst[4] == pytest.approx(0.504 + 0.010 - 0.004)
+
+
+def test_a_batch_runs_at_its_bucket_and_batch_times_interpolate_between_the_measured_ends():
+    times = BatchTimes(0.010, 0.320, 32)
+    assert times.of(1) == pytest.approx(0.010) and times.of(32) == pytest.approx(0.320)
+    assert times.of(3) == times.of(4) == pytest.approx(0.010 + 0.310 * 3 / 31)  # padded to 4
+    assert times.capacity == pytest.approx(100.0)
+
+
+def test_the_slo_rate_is_where_the_p99_crosses_the_objective():
+    times = BatchTimes(0.004, 0.004, 1)
+    rate = queueing.slo_rate(1, times, 0.0, 0.1)
+    assert 0 < rate < 250  # below one instance's capacity
+    assert queueing.latency_at(rate, 1, times, 0.0) <= 0.1 < queueing.latency_at(rate * 1.03, 1, times, 0.0)
+    assert queueing.slo_rate(1, BatchTimes(0.2, 0.2, 1), 0.0, 0.1) == 0.0  # slower than the SLO alone
+    assert queueing.slo_rate(2, times, 0.0, 0.1) > 1.9 * rate  # two instances: twice the servers
+
+
+# Saturation images/s like the demo model's on a 2-core CPU (OpenVINO, 80 px): one instance with both
+# threads answers a lone request in 2.5 ms, two with one thread each in 4.3 ms, and full batches reach
+# 700 and 989 images/s.
+DEMO = {"1x1": 400.0, "1x32": 700.0, "2x1": 465.0, "2x32": 989.0}
+
+
+def test_the_plan_holding_the_highest_poisson_rate_is_chosen_and_says_why():
+    plans = hardware.serve_plans(2, False, None, None)
+    decision = hardware.decide_serving(plans, lambda plan, s: DEMO[plan.label], cpus=2, gpu=False, slo_ms=100)
+    rates = {label: plan.rate for label, plan in decision.latency.items()}
+    assert set(rates) == set(DEMO) and max(rates, key=rates.get) == decision.plan.label == "2x32"
+    assert rates["2x32"] < DEMO["2x32"]  # random arrivals never fill every batch
+    assert decision.max_delay_ms == 1.0 and decision.threads == 1
+    line = decision.line()
+    assert "highest Poisson rate holding p99 <= 100 ms" in line and "saturation img/s: 2x32 989.0" in line
+
+
+def test_within_the_margin_the_lower_latency_at_light_load_wins():
+    # Two instances barely beat one (5%): the single instance with both threads answers faster alone.
+    figures = {"1x1": 400.0, "2x1": 420.0}
+    plans = [hardware.ServePlan(1, 1), hardware.ServePlan(2, 1)]
+    latency = hardware.simulate_plans(plans, figures, 100.0, None)
+    assert latency["2x1"].rate > latency["1x1"].rate
+    assert latency["1x1"].light_p50_ms < latency["2x1"].light_p50_ms
+    assert hardware.pick_plan(plans, latency, figures) == hardware.ServePlan(1, 1)
+    assert hardware.pick_plan(plans, latency, figures, margin=1.0) == hardware.ServePlan(2, 1)
+
+
+def test_a_model_slower_than_the_slo_is_served_for_throughput():
+    slow = {"1x1": 2.0, "1x32": 6.0, "2x1": 2.5, "2x32": 5.0}  # 500 ms alone: no plan holds 100 ms
+    plans = hardware.serve_plans(2, False, None, None)
+    decision = hardware.decide_serving(plans, lambda plan, s: slow[plan.label], cpus=2, gpu=False, slo_ms=100)
+    assert decision.plan == hardware.ServePlan(1, 32)
+    assert "no plan holds p99 <= 100 ms here (--slo-ms), chosen for throughput" in decision.line()
+    relaxed = hardware.decide_serving(plans, lambda plan, s: slow[plan.label], cpus=2, gpu=False, slo_ms=5000)
+    assert all(plan.rate > 0 for plan in relaxed.latency.values())
+
+
+def test_a_max_batch_the_user_set_is_kept_and_its_batch_one_times_are_measured():
+    measured: list[str] = []
+
+    def measure(plan, seconds):
+        measured.append(plan.label)
+        return {1: 100.0, 8: 300.0}[plan.max_batch] * plan.instances ** 0.5
+
+    plans = hardware.serve_plans(2, False, None, 8)
+    decision = hardware.decide_serving(plans, measure, cpus=2, gpu=False)
+    assert sorted(measured) == ["1x1", "1x8", "2x1", "2x8"]  # batch 1 of each instance count: its latency
+    assert decision.plan.max_batch == 8 and set(decision.latency) == {"1x8", "2x8"}
+
+
+def test_the_simulation_costs_little_next_to_the_measurement():
+    import time
+
+    started = time.process_time()
+    hardware.simulate_plans(hardware.serve_plans(2, False, None, None), DEMO, 100.0, None)
+    assert time.process_time() - started < 5.0  # CPU seconds, whatever else runs (~0.5 s on 2 cores)
+
+
+def test_the_simulation_is_deterministic():
+    times = BatchTimes(0.004, 0.05, 32)
+    assert np.array_equal(queueing.simulate(queueing.poisson_arrivals(300.0), 2, times, 0.001),
+                          queueing.simulate(queueing.poisson_arrivals(300.0), 2, times, 0.001))
