@@ -48,6 +48,37 @@ def test_two_process_ddp_training_counts_every_val_image_once(tmp_path):
 
 
 HELPER = Path(__file__).parent / "helpers" / "ddp_rng_record.py"
+FINETUNE_HELPER = Path(__file__).parent / "helpers" / "ddp_finetune_record.py"
+
+
+@pytest.mark.slow  # two processes, resnet18, three stages: ~50 s on 2 idle cores
+def test_fine_tuning_stages_under_ddp_keep_the_ranks_identical(tmp_path):
+    """Head on cached features, then the whole model (a DDP wrapper per stage), with EMA, a balanced
+    sampler, class weights and accumulation: both ranks end with the same weights and the same average,
+    and rank 0's model.pt is that average."""
+    images = make_image_folder(tmp_path / "images", train_per_class=5, val_per_class=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(FINETUNE_HELPER),
+           str(out), str(images)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["status"] == ranks[1]["status"] == "completed"
+    assert ranks[0]["model"] == ranks[1]["model"] and ranks[0]["ema"] == ranks[1]["ema"]
+    assert "the whole model trains from here" in proc.stdout and "features:" in proc.stdout
+    run = Path(ranks[0]["run_dir"])
+    saved = torch.load(run / "model.pt", weights_only=True)
+    import hashlib
+
+    h = hashlib.sha256()
+    for key, value in sorted(saved.items()):
+        h.update(key.encode())
+        h.update(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    assert h.hexdigest() == ranks[0]["ema"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[0]["lr_body"] == 0.0 and rows[2]["lr_body"] > 0
 
 
 @pytest.mark.slow  # two processes train 6 short runs: ~1 min on 2 cores

@@ -21,7 +21,7 @@ DOCUMENTED_DIFFERENCES = {
     "data.loader", "data.hflip", "data.train_crop_scale",
     "train.epochs", "train.batch_size", "train.precision", "train.channels_last", "train.compile",
     "train.label_smoothing",
-    "optim.lr",
+    "optim.lr", "optim.decay_norm_and_bias",
     "schedule.name", "schedule.warmup_epochs",
 }
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from inceptionlab.errors import UserError
@@ -24,6 +24,8 @@ from inceptionlab.errors import UserError
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+SAMPLERS = ("shuffle", "balanced")
+EMA_BUFFERS = ("average", "copy")
 # augment.policy choices: torchvision's TrivialAugmentWide, RandAugment, AutoAugment (data/transforms/policies.py).
 POLICIES = ("none", "trivialaugment", "randaugment", "autoaugment")
 AUTOAUGMENT_POLICIES = ("imagenet", "cifar10", "svhn")  # torchvision's AutoAugmentPolicy values
@@ -44,6 +46,21 @@ def _check_positive(where: str, value: float | int | None, allow_zero: bool = Fa
         raise ValueError(f"{where}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def _auto_or_positive_int(where: str, value: Any, allow_none: bool = False) -> int | str | None:
+    """`auto`, a positive integer (or the string a --set carries), or None where allowed."""
+    if value is None and allow_none:
+        return None
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if isinstance(value, bool) or number <= 0 or str(number) != str(value).strip():
+        raise ValueError(f"{where}={value!r} must be a positive integer or auto")
+    return number
+
+
 def _auto_or_bool(where: str, value: Any) -> bool | str:
     """`auto`, or a boolean (YAML's true/false, or the strings a --set may carry)."""
     if isinstance(value, bool) or value == "auto":
@@ -57,14 +74,20 @@ def _auto_or_bool(where: str, value: Any) -> bool | str:
 @dataclass
 class ModelConfig:
     name: str = "inception_v3"  # registry name: any torchvision classification model, or ours
-    weights: Optional[str] = "imagenet"  # "imagenet" (the model's default weights), a .pt path, or null
+    # "imagenet" (the model's default weights), null (random init), a weights file (a state_dict, or a
+    # run's checkpoint), or a run directory (its spec.json names the architecture and classes). Heads are
+    # kept when the classes match, replaced (rows of shared class names carried over) when they differ.
+    weights: Optional[str] = "imagenet"
     num_classes: Optional[int] = None  # null: taken from the dataset's classes
     aux_loss_weight: Optional[float] = None  # null: drop Inception's aux head; else keep it, loss weight
-    kwargs: dict[str, Any] = field(default_factory=dict)  # extra builder arguments (dropout, ...)
+    # Extra builder arguments (dropout, ...), checked against the chosen model's own arguments. A key set
+    # to null is dropped (`--set model.kwargs.dropout=null`); `--set 'model.kwargs={}'` clears them all.
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_positive("model.num_classes", self.num_classes)
         _check_positive("model.aux_loss_weight", self.aux_loss_weight, allow_zero=True)
+        self.kwargs = {key: value for key, value in self.kwargs.items() if value is not None}
 
 
 @dataclass
@@ -106,6 +129,11 @@ class DataConfig:
     num_workers: Optional[int] = None  # null: min(8, CPU cores); 0 loads in the main process
     max_train_samples: Optional[int] = None  # cap for smoke runs (a fixed random subset)
     max_val_samples: Optional[int] = None
+    # shuffle: each training image once per epoch. balanced: an epoch of as many draws (with replacement),
+    # image i drawn with probability proportional to n_class(i)^-balance_power (1: every class equally
+    # often; 0.5: in between), a function of (seed, epoch, rank) like the shuffle, so resume stays exact.
+    sampler: str = "shuffle"  # shuffle | balanced
+    balance_power: float = 1.0
 
     def __post_init__(self) -> None:
         if self.interpolation is not None:
@@ -126,6 +154,8 @@ class DataConfig:
         _check_positive("data.num_workers", self.num_workers, allow_zero=True)
         _check_positive("data.max_train_samples", self.max_train_samples)
         _check_positive("data.max_val_samples", self.max_val_samples)
+        _check_choice("data.sampler", self.sampler, SAMPLERS)
+        _check_positive("data.balance_power", self.balance_power, allow_zero=True)
 
 
 @dataclass
@@ -182,7 +212,14 @@ class AugmentConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 90
-    batch_size: int = 32
+    # Images per optimizer step and process: the batch optim.lr is meant for. `auto` (a GPU): the largest
+    # batch that fits with headroom, found by probing and cached (engine/batch_size.py), with optim.lr
+    # scaled linearly from optim.lr_batch_size to it; on a CPU, auto is optim.lr_batch_size.
+    batch_size: Any = 32
+    # Images per forward/backward: null = batch_size; smaller accumulates batch_size / micro_batch_size
+    # gradients per step (the loss of each part weighted by its share, so lr keeps its meaning; BatchNorm
+    # normalises each micro-batch on its own); auto (a GPU): the largest that fits, found as above.
+    micro_batch_size: Any = None
     eval_batch_size: Optional[int] = None  # null: 2 x batch_size (no activations kept for backward)
     # auto: decided on this machine by probe and a short timed calibration (inceptionlab.hardware), cached.
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (autocast; fp16 adds a GradScaler)
@@ -194,6 +231,11 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N (ROCm GPUs are "cuda" in PyTorch)
     log_every: int = 10  # steps between log lines (the guide prints every 10)
     label_smoothing: float = 0.0
+    # Loss weight per class: null (all 1), auto (inverse class frequency in the training split to the power
+    # class_weight_power, normalised to mean 1), or a list with one weight per class. Validation loss stays
+    # unweighted, so runs compare on one scale.
+    class_weights: Any = None
+    class_weight_power: float = 1.0  # auto: 1 = inverse frequency, 0.5 = its square root (milder)
     grad_clip_norm: Optional[float] = None  # clip the global grad norm to this value
     best_metric: str = "val_top1"  # metric that picks best.pt; *_loss metrics are minimised
     early_stop_patience: Optional[int] = None  # stop after this many epochs without improvement
@@ -201,7 +243,14 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_positive("train.epochs", self.epochs)
-        _check_positive("train.batch_size", self.batch_size)
+        self.batch_size = _auto_or_positive_int("train.batch_size", self.batch_size)
+        self.micro_batch_size = _auto_or_positive_int("train.micro_batch_size", self.micro_batch_size, allow_none=True)
+        if isinstance(self.batch_size, int) and isinstance(self.micro_batch_size, int):
+            if self.micro_batch_size > self.batch_size or self.batch_size % self.micro_batch_size:
+                raise ValueError(f"train.micro_batch_size={self.micro_batch_size} must divide "
+                                 f"train.batch_size={self.batch_size}")
+        _check_class_weights(self.class_weights)
+        _check_positive("train.class_weight_power", self.class_weight_power, allow_zero=True)
         _check_positive("train.eval_batch_size", self.eval_batch_size)
         _check_positive("train.log_every", self.log_every)
         _check_positive("train.grad_clip_norm", self.grad_clip_norm)
@@ -222,25 +271,92 @@ class OptimConfig:
     momentum: float = 0.9  # SGD only
     nesterov: bool = False  # SGD only
     weight_decay: float = 1e-4
+    # false (the torchvision references' --norm-weight-decay 0 and timm's default): no weight decay on
+    # normalisation layers' weights and on biases; true: every parameter decays (the guide's SGD).
+    decay_norm_and_bias: bool = False
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # Adam(W) only
+    # The batch `lr` is meant for, when train.batch_size=auto: lr x found batch / lr_batch_size (linear
+    # scaling, Goyal et al. 2017). null: 32.
+    lr_batch_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check_positive("optim.lr", self.lr)
         _check_positive("optim.weight_decay", self.weight_decay, allow_zero=True)
+        _check_positive("optim.lr_batch_size", self.lr_batch_size)
 
 
 @dataclass
 class ScheduleConfig:
-    name: str = "steplr"  # steplr | cosine | constant; stepped once per epoch, as in the guide
+    name: str = "steplr"  # steplr | cosine | constant: a function of the epoch, as in the guide
     step_size: int = 30  # StepLR: epochs between decays
     gamma: float = 0.1  # StepLR: decay factor
-    warmup_epochs: int = 0  # linear warm-up from warmup_start_factor x lr
+    # Linear warm-up from warmup_start_factor x lr over this many epochs, then the schedule above over the
+    # epochs left. It restarts where the backbone is unfrozen (finetune.freeze_epochs).
+    warmup_epochs: int = 0
     warmup_start_factor: float = 0.1
-    min_lr: float = 0.0  # cosine floor
+    # true (the torchvision references' and timm's default): the warm-up rises every step; false: once
+    # per epoch (epoch k of the warm-up at start_factor + (1 - start_factor) x k / warmup_epochs).
+    warmup_per_step: bool = True
+    min_lr: float = 0.0  # cosine floor (scaled with each parameter group's multiplier)
 
     def __post_init__(self) -> None:
         _check_positive("schedule.step_size", self.step_size)
         _check_positive("schedule.warmup_epochs", self.warmup_epochs, allow_zero=True)
+        if not 0 < self.warmup_start_factor <= 1:
+            raise ValueError(f"schedule.warmup_start_factor={self.warmup_start_factor} must be in (0, 1]")
+
+
+@dataclass
+class FinetuneConfig:
+    """Which parameters train when, at what rate. The registry says which are the head (the layers that
+    output the classes), the auxiliary heads (Inception's AuxLogits, GoogLeNet's aux1/aux2) and the body."""
+
+    # Epochs that train the head alone, the body and auxiliary heads frozen: no gradient is computed for
+    # them, and the frozen part runs in eval mode (BatchNorm keeps and uses its running statistics, dropout
+    # is off). The whole model trains after them. epochs <= freeze_epochs: a linear probe.
+    freeze_epochs: int = 0
+    # Head-only epochs on the body's pooled features, computed once per image (no augmentation: the eval
+    # view) and cached beside the data, instead of images through the frozen body every epoch.
+    # auto: whenever there are head-only epochs and the model's head can be split off exactly.
+    feature_cache: Any = "auto"  # auto | true | false
+    body_lr_mult: float = 1.0  # the body's rate as a multiple of optim.lr once unfrozen (fastai's slice)
+    # Layer-wise rate decay (timm's --layer-decay): the body's layers, counted from the head, get
+    # lr x layer_decay^k (k = 1 for the last layer before the head); null: one rate for the body.
+    layer_decay: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _check_positive("finetune.freeze_epochs", self.freeze_epochs, allow_zero=True)
+        self.feature_cache = _auto_or_bool("finetune.feature_cache", self.feature_cache)
+        _check_positive("finetune.body_lr_mult", self.body_lr_mult, allow_zero=True)
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ValueError(f"finetune.layer_decay={self.layer_decay} must be in (0, 1]")
+
+
+@dataclass
+class EmaConfig:
+    """An exponential moving average of the weights (torch.optim.swa_utils.AveragedModel, timm's
+    ModelEmaV3 decay and warm-up). When on, it is what the run keeps: val_* metrics, best.pt's and
+    model.pt's weights for inference, export and serve are the average's; val_raw_* beside them are
+    the trained weights'. Checkpoints hold both."""
+
+    decay: Optional[float] = None  # null: off; e.g. 0.9998 (timm's train.py default)
+    # Warm-up (timm's use_warmup): update k uses min(decay, 1 - (1 + k / warmup_gamma)^-warmup_power),
+    # so the average is not dominated by the random start in short runs.
+    warmup: bool = True
+    warmup_gamma: float = 1.0
+    warmup_power: float = 0.75  # timm: 3/4 for runs under ~1M steps (0.999 after 10k updates)
+    buffers: str = "average"  # average (timm's default: BatchNorm statistics follow the average) | copy
+
+    def __post_init__(self) -> None:
+        if self.decay is not None and not 0 < self.decay < 1:
+            raise ValueError(f"ema.decay={self.decay} must be in (0, 1)")
+        _check_positive("ema.warmup_gamma", self.warmup_gamma)
+        _check_positive("ema.warmup_power", self.warmup_power)
+        _check_choice("ema.buffers", self.buffers, EMA_BUFFERS)
+
+    @property
+    def enabled(self) -> bool:
+        return self.decay is not None
 
 
 @dataclass
@@ -254,6 +370,8 @@ class Recipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
 
     def __post_init__(self) -> None:
         crop = self.data.train_crop_size
@@ -263,6 +381,14 @@ class Recipe:
             raise ValueError(
                 f"model.aux_loss_weight needs data.train_crop_size >= 299, got {crop}"
             )
+
+
+def _check_class_weights(value: Any) -> None:
+    if value is None or value == "auto":
+        return
+    if not isinstance(value, (list, tuple)) or not value or any(
+            isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0 for w in value):
+        raise ValueError(f"train.class_weights={value!r} must be null, auto or a list of weights >= 0 (one per class)")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -319,6 +445,23 @@ def _describe(exc: OmegaConfBaseException) -> str:
     return f"`{key}`: {msg}" if key else msg
 
 
+def _apply_override(cfg: Any, item: str) -> Any:
+    """`key=value` merged into `cfg`; a mapping value replaces the mapping there (`model.kwargs={}`
+    clears it), where a merge would only add keys."""
+    if "=" not in item:
+        raise UserError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=0.01")
+    layer = OmegaConf.from_dotlist([item])
+    key = item.split("=", 1)[0].strip()
+    value = OmegaConf.select(layer, key)
+    if isinstance(value, DictConfig) and OmegaConf.select(cfg, key, default=None) is not None:
+        try:
+            OmegaConf.update(cfg, key, OmegaConf.to_container(value), merge=False)
+        except OmegaConfBaseException as exc:
+            raise UserError(f"--set {item}: {_describe(exc)}") from None
+        return cfg
+    return _merge(f"--set {item}", cfg, layer)
+
+
 def load_recipe(name_or_path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read a recipe (with its `base:` chain), apply `key=value` overrides, validate, return it."""
     path = resolve_recipe_path(name_or_path)
@@ -326,9 +469,7 @@ def load_recipe(name_or_path: str | Path, overrides: list[str] | tuple[str, ...]
     for layer_path, layer in _load_layers(path):
         cfg = _merge(layer_path, cfg, layer)
     for item in overrides:
-        if "=" not in item:
-            raise UserError(f"--set {item!r}: expected key=value, e.g. --set optim.lr=0.01")
-        cfg = _merge(f"--set {item}", cfg, OmegaConf.from_dotlist([item]))
+        cfg = _apply_override(cfg, item)
     try:
         return OmegaConf.to_object(cfg)
     except ValueError as exc:

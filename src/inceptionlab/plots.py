@@ -85,9 +85,11 @@ def plot_run(run_dir: Path) -> list[Path]:
     run_dir = Path(run_dir)
     rows = _read_rows(run_dir)
     made = [
-        plot_curves(run_dir, rows, [("train_loss", "train"), ("val_loss", "val")], "cross-entropy loss", "loss.png"),
-        plot_curves(run_dir, rows, [("train_top1", "train top-1"), ("val_top1", "val top-1"), ("val_top5", "val top-5")],
-                    "accuracy", "accuracy.png"),
+        # With EMA on, val_* are the averaged weights' and val_raw_* the trained weights' (engine/fit.py).
+        plot_curves(run_dir, rows, [("train_loss", "train"), ("val_loss", "val"), ("val_raw_loss", "val, raw weights")],
+                    "cross-entropy loss", "loss.png"),
+        plot_curves(run_dir, rows, [("train_top1", "train top-1"), ("val_top1", "val top-1"), ("val_top5", "val top-5"),
+                                    ("val_raw_top1", "val top-1, raw weights")], "accuracy", "accuracy.png"),
         plot_confusion(run_dir / "confusion.csv", run_dir / "plots" / "confusion.png"),
     ]
     return [p for p in made if p is not None]
@@ -144,4 +146,30 @@ def plot_predictions(images, probs, targets, labels: list[str], path: Path) -> P
         bar_ax.set_xticks([])
         bar_ax.set_yticks([])
     fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_lr_find(tests: dict[str, dict[str, Any]], path: Path) -> Path:
+    """The range tests' smoothed loss against the learning rate (log scale), each suggestion marked."""
+    fig, ax = new_figure((6.4, 4.0))
+    lows, starts = [], []
+    for part, test in tests.items():
+        points = list(zip(test["lrs"], test["smoothed"]))
+        if not points:
+            continue
+        lows.append(min(p[1] for p in points))
+        starts.append(points[0][1])
+        line, = ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{part}")
+        if test.get("suggestion"):
+            ax.axvline(test["suggestion"], color=line.get_color(), linestyle="--", alpha=0.7,
+                       label=f"{part}: suggested {test['suggestion']:.2g}")
+    ax.set_xscale("log")
+    if lows:  # the diverging tail would flatten the rest: show from the lowest loss to a bit above the start
+        low, high = min(lows), max(starts)
+        ax.set_ylim(low - 0.1 * (high - low + 1e-9), high + 0.5 * (high - low + 1e-9))
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("training loss (smoothed)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("learning-rate range test (steepest descent marked)", fontsize=9)
     return save_figure(fig, path)

@@ -25,7 +25,9 @@ import typer
 # The command modules import only typer and the shared options at the top: what a command runs is
 # imported inside it, so registering all of them costs no start-up time.
 from inceptionlab import host
-from inceptionlab.cli import bench, data, demo, doctor, evaluate, export, loadtest, plot, predict, report, serve, train
+from inceptionlab.cli import (
+    bench, data, demo, doctor, evaluate, export, loadtest, lr_find, plot, predict, report, serve, train,
+)
 from inceptionlab.errors import INTERNAL_ERROR_EXIT, UserError, summary_of
 
 app = typer.Typer(
@@ -118,7 +120,7 @@ def _report_program_failure(exc: Exception) -> None:
 
 
 def _register() -> None:
-    for module in (doctor, train, evaluate, report, predict, export, bench, plot, demo, serve, loadtest):
+    for module in (doctor, train, lr_find, evaluate, report, predict, export, bench, plot, demo, serve, loadtest):
         module.register(app)
     app.add_typer(data.app, name="data")
 

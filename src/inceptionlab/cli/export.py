@@ -79,7 +79,8 @@ def export(
           f"{meta['input']['name']} {meta['input']['shape']} -> {meta['output']['name']} {meta['output']['shape']}, "
           f"{result.seconds:.1f} s)")
     print(result.parity.describe())
-    print(f"sidecar {result.sidecar}")
+    weights = meta["spec"].get("weights", "raw")
+    print(f"sidecar {result.sidecar}; weights: {'the average of the trained weights (EMA)' if weights == 'ema' else 'as trained'}")
     if repository is not None:
         print(f"triton model repository {repository.root} (model {repository.name}: {repository.config}); "
               f"KServe InferenceService {repository.kserve}")

@@ -75,8 +75,9 @@ class RunArtifacts:
         from inceptionlab.plots import plot_run  # matplotlib: ~0.4 s, only at the end of a run
 
         if summary["status"] != "interrupted":
-            # The guide's `torch.save(model.state_dict(), ...)`: the final weights, loadable anywhere.
-            atomic_torch_save(s.model.state_dict(), self.run.model_file)
+            # The guide's `torch.save(model.state_dict(), ...)`: the final weights, loadable anywhere (the
+            # average when EMA is on; spec.json's `weights` says which).
+            atomic_torch_save(s.inference_model().state_dict(), self.run.model_file)
             if s.spec.input_kind == "image" and s.spec.num_classes <= 20:
                 self._plot_predictions(s)
         atomic_write_json(self.run.summary_file, summary)
@@ -104,9 +105,9 @@ class RunArtifacts:
         from inceptionlab.plots import plot_predictions  # matplotlib (~0.4 s): only when drawing
 
         images, targets = _spread_samples(s.splits.val, 15)
-        s.model.eval()
+        model = s.inference_model().eval()
         with s.settings.autocast():
-            logits = s.model(s.settings.prepare(images.to(s.device)))
+            logits = model(s.settings.prepare(images.to(s.device)))
         probs = s.task.probabilities(logits).cpu()
         plot_predictions(images.cpu(), probs, targets.cpu(), s.spec.labels, self.run.plots / "predictions.png")
 

@@ -18,6 +18,7 @@ from inceptionlab.engine.fit import EPOCH_METRICS
 from inceptionlab.engine.optim import OPTIMIZERS, SCHEDULES
 from inceptionlab.engine.task import TASKS
 from inceptionlab.errors import UserError
+from inceptionlab.models.registry import check_model_kwargs
 from inceptionlab.runtime import AUTOCAST_DTYPES
 
 
@@ -41,6 +42,7 @@ def check_choices(recipe: Recipe, where: str | Path) -> Recipe:
             raise UserError(f"{where}: {key}={value!r} is not one of {', '.join(names)}")
     if recipe.task == "binary" and recipe.train.best_metric == "val_top5":
         raise UserError(f"{where}: train.best_metric=val_top5 means nothing for a binary task; use val_top1 or val_loss")
+    check_model_kwargs(recipe.model.name, recipe.model.kwargs)  # before any data is read
     return recipe
 
 

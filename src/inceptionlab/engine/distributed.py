@@ -78,3 +78,23 @@ def gather_from_all(obj: Any, info: DistInfo) -> list[Any]:
 def barrier(info: DistInfo) -> None:
     if info.enabled:
         dist.barrier()
+
+
+def broadcast_state(module: torch.nn.Module, info: DistInfo) -> None:
+    """Rank 0's parameters and buffers on every rank. DDP's constructor does this for the module it wraps;
+    a stage that wraps only the head (engine/finetune.py) would leave each rank its own random body."""
+    if not info.enabled:
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
+
+
+def broadcast_buffers(module: torch.nn.Module, info: DistInfo) -> None:
+    """Rank 0's buffers on every rank, as DDP's broadcast_buffers does for the model it wraps. The weights'
+    average needs it: each rank averages the BatchNorm statistics of its own batches, and rank 0's are
+    the model's (DDP broadcasts them before each forward)."""
+    if not info.enabled:
+        return
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)

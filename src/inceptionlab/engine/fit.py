@@ -17,14 +17,17 @@ from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import agree_at_log, gather_from_all
+from inceptionlab.engine.distributed import agree_at_log, broadcast_buffers, gather_from_all
+from inceptionlab.engine.finetune import Stage, Stages
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
 from inceptionlab.engine.session import TrainingSession, build_training_session
 from inceptionlab.errors import UserError
 
 # The keys of an epoch's metrics row: what train.best_metric may name (config checks it at load time).
-EPOCH_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5")
+# With EMA on, val_* score the averaged weights (the ones the run keeps) and val_raw_* the trained ones.
+EPOCH_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_raw_loss", "val_raw_top1",
+                 "val_raw_top5")
 
 
 class StopSignal:
@@ -112,7 +115,8 @@ class _Run:
     on_log: Callable[[int, float], None] | None
     status: str = "completed"
     last: dict[str, Any] | None = None  # the last epoch's evaluation summary
-    lr: float = 0.0  # the rate the current epoch trains with (read before the scheduler steps)
+    lr: dict[str, float] | None = None  # each part's rate at the epoch's first step
+    stages: Stages | None = None  # what each epoch trains (engine/finetune.py)
 
 
 def fit(recipe: Recipe, out: Path = Path("runs"), resume: Path | None = None, *, progress: bool | None = None,
@@ -127,16 +131,17 @@ def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, pro
          stop: StopSignal | None, on_log: Callable[[int, float], None] | None) -> Outcome:
     r = _Run(s, open_artifacts(s, out, resume), Reporter(s.dist.is_main, progress),
              BestTracker(recipe.train.best_metric, min_delta=recipe.train.early_stop_min_delta), stop or StopSignal(), on_log)
+    r.stages = Stages(s, s.wrap, r.report.say)
     start = _start(r, resume)
     wall_start = time.perf_counter()
     with ctrl_c_requests_stop(r.stop, r.report.say):
         for epoch in range(start.epoch, recipe.train.epochs):
             first_step = start.step_in_epoch if epoch == start.epoch else 0
-            result, steps_in_epoch = _train_epoch(r, epoch, first_step)
+            stage = r.stages.for_epoch(epoch)
+            result, steps_in_epoch = _train_epoch(r, epoch, first_step, stage)
             if _stopped_mid_epoch(r, epoch, first_step + result.steps, steps_in_epoch, result):
                 break
-            s.scheduler.step()
-            _validate(r, epoch + 1, result)
+            _validate(r, epoch + 1, result, stage)
             if _should_end(r, epoch + 1, result):
                 break
     return Outcome(r.artifacts.run.path, r.status, _finish(r, time.perf_counter() - wall_start))
@@ -159,18 +164,19 @@ def _start(r: _Run, resume: Path | None) -> ResumePoint:
     return start
 
 
-def _train_epoch(r: _Run, epoch: int, first_step: int) -> tuple[EpochResult, int]:
+def _train_epoch(r: _Run, epoch: int, first_step: int, stage: Stage) -> tuple[EpochResult, int]:
     """One epoch's training steps from `first_step` on; returns the result and the epoch's step count."""
     s, epochs = r.s, r.s.recipe.train.epochs
-    s.train_loader.set_epoch(epoch, start=first_step * s.recipe.train.batch_size)
-    steps_in_epoch = first_step + len(s.train_loader)
-    loader = _governed(r.report.wrap(s.train_loader, epoch + 1, epochs, first_step), s.threads)
+    stage.train_loader.set_epoch(epoch, start=first_step * s.recipe.train.batch_size)
+    steps_in_epoch = first_step + len(stage.train_loader)
+    loader = _governed(r.report.wrap(stage.train_loader, epoch + 1, epochs, first_step), s.threads)
     log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log)
-    r.lr = s.optimizer.param_groups[0]["lr"]
+    r.lr = _rates(s)
     try:
-        return train_one_epoch(s.runner, loader, s.task, s.optimizer, s.scaler, s.settings, first_step=first_step,
-                               on_log=log, agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device),
-                               epoch=epoch), steps_in_epoch
+        return train_one_epoch(stage.runner, loader, s.task, s.optimizer, s.scaler, stage.settings,
+                               first_step=first_step, on_log=log,
+                               agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device),
+                               after_step=s.after_step, train_mode=stage.train_mode, epoch=epoch), steps_in_epoch
     except NonFiniteLoss as exc:
         raise UserError(
             f"training diverged in epoch {epoch + 1}: {exc}; kept the last good checkpoint in "
@@ -200,13 +206,26 @@ def _stopped_mid_epoch(r: _Run, epoch: int, done: int, steps_in_epoch: int, resu
     return True
 
 
-def _validate(r: _Run, epoch: int, result: EpochResult) -> None:
+def _rates(s: TrainingSession) -> dict[str, float]:
+    """Each part's rate now (the first group of each: head, aux, body)."""
+    rates: dict[str, float] = {}
+    for group in s.optimizer.param_groups:
+        rates.setdefault(group.get("part", "head"), group["lr"])
+    return rates
+
+
+def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> None:
     """Evaluate, then record the epoch: metrics row, best tracking, checkpoints, the epoch line."""
     s = r.s
     if s.threads is not None:
         s.threads.update()  # the load may have changed during the epoch
-    val = evaluate(s.runner, s.val_loader, s.task, s.settings)
-    row = _epoch_row(epoch, s, result, val, r.lr)
+    val = evaluate(stage.runner if stage.name != "head-features" else stage.view(s.model), stage.val_loader, s.task,
+                   stage.settings)
+    raw = None
+    if s.ema is not None:  # the averaged weights are the run's; the trained ones are scored beside them
+        broadcast_buffers(s.ema.module, s.dist)  # every rank scores and keeps rank 0's average
+        raw, val = val, evaluate(stage.view(s.ema.module), stage.val_loader, s.task, stage.settings)
+    row = _epoch_row(epoch, s, result, val, r.lr or {}, raw)
     r.last = _eval_summary(epoch, s, val)
     improved = r.best.update(float(row[r.best.metric]), epoch, r.last)  # a valid key: engine/choices.py
     r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
@@ -235,7 +254,7 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
     """Score the test split (all ranks: evaluation all-reduces), then write summary.json and plots (rank 0)."""
     s, test = r.s, None
     if r.status != "interrupted" and s.test_loader is not None:
-        test = _eval_summary(0, s, evaluate(s.runner, s.test_loader, s.task, s.settings))
+        test = _eval_summary(0, s, evaluate(s.inference_model(), s.test_loader, s.task, s.settings))
         test.pop("epoch")
     summary = {
         "status": r.status,
@@ -248,11 +267,13 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
         "wall_seconds": seconds,
         "skipped_files": s.skipped_files,
         **({"test": test} if test else {}),
+        **({"features": r.stages.feature_summary()} if r.stages is not None and r.stages.features else {}),
     }
     return r.artifacts.finish(s, summary)
 
 
-def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[str, Any], lr: float) -> dict[str, Any]:
+def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[str, Any], lr: dict[str, float],
+               raw: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "epoch": epoch,
         "train_loss": result.metrics["loss"],
@@ -260,7 +281,9 @@ def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[st
         "val_loss": val["loss"],
         "val_top1": val["top1"],
         **({"val_top5": val["top5"]} if "top5" in val else {}),
-        "lr": lr,
+        **({f"val_raw_{k}": raw[k] for k in ("loss", "top1", "top5") if k in raw} if raw is not None else {}),
+        "lr": lr.get("head", 0.0),
+        **({"lr_body": lr["body"]} if "body" in lr else {}),
         "images_per_s": result.images_per_s * s.dist.world_size,  # each epoch's first step left out
         "epoch_seconds": result.seconds,
         "val_seconds": val["seconds"],

@@ -51,7 +51,9 @@ def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str]) -> str:
     line = (
         f"epoch {row['epoch']}/{epochs}  train_loss {row['train_loss']:.4f}  val_loss {row['val_loss']:.4f}  "
         f"val_top1 {row['val_top1']:.4f}  " + (f"val_top5 {row['val_top5']:.4f}  " if "val_top5" in row else "") +
-        f"lr {row['lr']:.3g}  "
+        (f"(raw weights: val_loss {row['val_raw_loss']:.4f} val_top1 {row['val_raw_top1']:.4f})  "
+         if "val_raw_top1" in row else "") +
+        f"lr {row['lr']:.3g}  " + (f"body {row['lr_body']:.3g}  " if row.get("lr_body", row["lr"]) != row["lr"] else "") +
         f"{row['images_per_s']:.1f} img/s  {row['epoch_seconds']:.1f}s"
     )
     if skipped:

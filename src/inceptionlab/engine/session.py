@@ -20,14 +20,18 @@ from inceptionlab import hardware
 from inceptionlab.config import Recipe
 from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
+from inceptionlab.data.loading.sampler import balanced_sample_weights, class_counts, inverse_frequency, split_targets
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
-from inceptionlab.engine.distributed import DistInfo, init_distributed
+from inceptionlab.engine.batch_size import resolve_batch_sizes
+from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed
+from inceptionlab.engine.ema import ModelEma
 from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
 from inceptionlab.engine.speed import RunShape, resolve_speed_settings
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
+from inceptionlab.models.parts import ModelParts, model_parts
 from inceptionlab.models.registry import build_model, resolve_data_config
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.runtime import resolve_device, seed_everything
@@ -55,10 +59,32 @@ class TrainingSession:
     test_loader: Loader | None = None
     speed: hardware.Decision | None = None  # what `auto` chose for precision, memory format and compile
     threads: hardware.ThreadGovernor | None = None
+    parts: ModelParts | None = None  # head, auxiliary heads, body (models/parts.py)
+    ema: ModelEma | None = None  # the weights' average, when ema.decay is set
+    train_set: Any = None  # the (capped) splits the loaders serve, for the frozen-body features
+    val_set: Any = None
+    val_set_transform: Any = None  # the eval view of an image (the spec's), for those features
+    image_options: DeviceImageOptions | None = None
+    sample_weights: torch.Tensor | None = None  # data.sampler=balanced: per training sample
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler}
+        parts = {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler, "scaler": self.scaler}
+        return parts | ({"ema": self.ema} if self.ema is not None else {})
+
+    def inference_model(self) -> nn.Module:
+        """The weights the run keeps (model.pt, exports): the average when EMA is on, else the trained ones."""
+        return self.ema.module if self.ema is not None else self.model
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """What the loop calls for `model` (its parameters that require gradients as they are now)."""
+        return wrap_model(model, self.recipe, self.dist, self.device)
+
+    def after_step(self) -> None:
+        """After every optimizer step: the per-step schedule, then the weights' average."""
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.model)
 
     @property
     def skipped_files(self) -> list[str]:
@@ -78,26 +104,101 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     splits, train_set, val_set = _read_data(recipe)
     num_classes = _num_classes(recipe, splits)
     built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
-                        **{**recipe.model.kwargs, **splits.model_kwargs})
-    task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight)
-    recipe, speed = resolve_speed_settings(recipe, built.model, task, device, _run_shape(recipe, splits, num_classes,
-                                           len(train_set), dist), broadcast=_broadcaster(dist), fresh=fresh_speed,
-                                           is_main=dist.is_main)
-    train_loader, val_loader, test_loader = _build_loaders(recipe, splits, train_set, val_set, dist, device)
-    model, runner = _place_model(built.model, recipe, dist, device)
-    optimizer = build_optimizer(model.parameters(), recipe.optim)
-    scheduler = build_scheduler(optimizer, recipe.schedule, recipe.train.epochs)
+                        list(splits.class_names), **{**recipe.model.kwargs, **splits.model_kwargs})
+    targets = split_targets(train_set)
+    task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight,
+                     _class_weights(recipe, targets, num_classes, device))
+    shape = _run_shape(recipe, splits, num_classes, len(train_set), dist)
+    recipe, speed = resolve_speed_settings(recipe, built.model, task, device, shape, broadcast=_broadcaster(dist),
+                                           fresh=fresh_speed, is_main=dist.is_main)
+    recipe, batch_notes = resolve_batch_sizes(recipe, built.model, task, device, shape, broadcast=_broadcaster_of(dist))
+    sample_weights = _sample_weights(recipe, targets, num_classes)
+    train_loader, val_loader, test_loader = _build_loaders(recipe, splits, train_set, val_set, dist, device,
+                                                           sample_weights)
+    model = place_model(built.model, recipe, device)
+    broadcast_state(model, dist)  # every rank starts from rank 0's weights, whatever the first stage wraps
+    parts = model_parts(model, num_classes)
+    # The whole model's wrapper now only when the first epochs train it all (engine/finetune.py builds the rest).
+    runner = wrap_model(model, recipe, dist, device) if recipe.finetune.freeze_epochs == 0 else model
+    optimizer = build_optimizer(model, recipe.optim, parts=parts, finetune=recipe.finetune)
+    scheduler = build_scheduler(optimizer, recipe.schedule, recipe.train.epochs, steps_per_epoch=len(train_loader),
+                                freeze_epochs=recipe.finetune.freeze_epochs, lr=recipe.optim.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=recipe.train.precision == "fp16")
+    ema = ModelEma(model, recipe.ema) if recipe.ema.enabled else None
     spec = _make_spec(recipe, splits, num_classes, built.arch_kwargs)
     prepare = input_preparation(spec, recipe.train.channels_last, device)
     if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every,
-                            _batch_mix(recipe, spec, num_classes, dist))
-    notes = [*splits.notes, f"weights: {built.pretrained or 'random init (training from scratch)'}",
+                            mix=_batch_mix(recipe, spec, num_classes, dist), micro_batch=_micro_batch(recipe))
+    notes = [*splits.notes, *(built.report or ["weights: random init (training from scratch)"]),
+             f"parameters: {parts.describe()}", *_optimizer_notes(recipe, optimizer), *batch_notes,
+             *_imbalance_notes(recipe, task, targets, num_classes),
              speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
-    return TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
-                           train_loader, val_loader, settings, notes, splits, test_loader, speed, threads)
+    session = TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
+                              train_loader, val_loader, settings, notes, splits, test_loader, speed, threads)
+    session.parts, session.ema, session.sample_weights = parts, ema, sample_weights
+    session.train_set, session.val_set, session.image_options = train_set, val_set, _device_image_options(recipe)
+    session.val_set_transform = getattr(val_set, "transform", None) or getattr(getattr(val_set, "dataset", None),
+                                                                              "transform", None)
+    return session
+
+
+def _micro_batch(recipe: Recipe) -> int | None:
+    micro = recipe.train.micro_batch_size
+    return micro if isinstance(micro, int) and micro < recipe.train.batch_size else None
+
+
+def _class_weights(recipe: Recipe, targets: torch.Tensor, num_classes: int, device: torch.device) -> torch.Tensor | None:
+    chosen = recipe.train.class_weights
+    if chosen is None:
+        return None
+    if chosen == "auto":
+        weights = inverse_frequency(class_counts(targets, num_classes), recipe.train.class_weight_power)
+    else:
+        if len(chosen) != num_classes:
+            raise UserError(f"train.class_weights has {len(chosen)} weights for {num_classes} classes")
+        weights = torch.tensor(chosen, dtype=torch.float64)
+    return weights.to(device=device, dtype=torch.float32)
+
+
+def _sample_weights(recipe: Recipe, targets: torch.Tensor, num_classes: int) -> torch.Tensor | None:
+    if recipe.data.sampler != "balanced":
+        return None
+    return balanced_sample_weights(targets, num_classes, recipe.data.balance_power)
+
+
+def _imbalance_notes(recipe: Recipe, task: Any, targets: torch.Tensor, num_classes: int) -> list[str]:
+    counts = class_counts(targets, num_classes)
+    present = counts[counts > 0]
+    notes = []
+    if len(present) and int(present.max()) > 2 * int(present.min()):
+        notes.append(f"classes: {int(present.min())} to {int(present.max())} training images per class"
+                     + ("" if recipe.data.sampler == "balanced" or recipe.train.class_weights is not None else
+                        " (imbalanced: see train.class_weights=auto or data.sampler=balanced)"))
+    weights = getattr(task, "class_weights", None)
+    if weights is not None:
+        notes.append(f"class weights: {float(weights.min()):.3g} to {float(weights.max()):.3g} (mean 1)"
+                     if recipe.train.class_weights == "auto" else "class weights: as listed in the recipe")
+    if recipe.data.sampler == "balanced":
+        power = recipe.data.balance_power
+        notes.append("sampler: balanced (" + ("every class drawn equally often" if power == 1 else
+                     f"class drawn in proportion to its count^{1 - power:g}") + ", as many draws per epoch as images)")
+    return notes
+
+
+def _optimizer_notes(recipe: Recipe, optimizer: torch.optim.Optimizer) -> list[str]:
+    groups = optimizer.param_groups
+    undecayed = sum(len(g["params"]) for g in groups if g["weight_decay"] == 0)
+    rates = sorted({round(g["lr_mult"], 6) for g in groups if g["part"] == "body"})
+    shown = f"body x{rates[0]:g}" if len(rates) == 1 else f"body x{rates[0]:.3g} .. x{rates[-1]:.3g} by layer"
+    decay = ("every parameter decays" if recipe.optim.decay_norm_and_bias else
+             f"{undecayed} norm and bias tensors without weight decay")
+    warm = recipe.schedule
+    warmup = (f"; warm-up {warm.warmup_epochs} epochs {'per step' if warm.warmup_per_step else 'per epoch'}"
+              if warm.warmup_epochs else "")
+    return [f"optimizer: {recipe.optim.name} lr {recipe.optim.lr:g} (head x1, {shown}), {len(groups)} groups; "
+            f"{decay}{warmup}"]
 
 
 def _check_augment(recipe: Recipe) -> None:
@@ -142,7 +243,8 @@ def speed_warnings(recipe: Recipe, device: torch.device) -> list[str]:
 def _run_shape(recipe: Recipe, splits: Any, num_classes: int, train_size: int, dist: DistInfo) -> RunShape:
     inputs = getattr(splits.train, "inputs", None)
     tokens = inputs is not None and not inputs.dtype.is_floating_point and inputs.dtype != torch.uint8
-    steps = recipe.train.epochs * -(-train_size // (recipe.train.batch_size * dist.world_size))
+    batch = recipe.train.batch_size if isinstance(recipe.train.batch_size, int) else recipe.optim.lr_batch_size or 32
+    steps = recipe.train.epochs * -(-train_size // (batch * dist.world_size))
     if tokens:
         return RunShape((int(inputs.shape[1]),), True, num_classes, recipe.data.text.max_tokens + 1, steps)
     channels = int(inputs.shape[1]) if inputs is not None else 3
@@ -165,6 +267,21 @@ def _broadcaster(dist: DistInfo) -> Callable[[Any], Any]:
     return broadcast
 
 
+def _broadcaster_of(dist: DistInfo) -> Callable[[Any], Any]:
+    """Rank 0's value (picklable) for every rank."""
+    if not dist.enabled:
+        return lambda value: value
+
+    def broadcast(value: Any) -> Any:
+        import torch.distributed
+
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    return broadcast
+
+
 def _device_type(name: str) -> str:
     # Decided before the process group exists: NCCL/RCCL for GPUs, gloo otherwise.
     return "cuda" if name.startswith("cuda") or (name == "auto" and torch.cuda.is_available()) else "cpu"
@@ -180,16 +297,21 @@ def _num_classes(recipe: Recipe, splits: Any) -> int:
     return num_classes
 
 
-def _place_model(model: nn.Module, recipe: Recipe, dist: DistInfo, device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """(the plain module on the device, what the loop calls: DDP- and/or compile-wrapped)."""
+def place_model(model: nn.Module, recipe: Recipe, device: torch.device) -> nn.Module:
+    """The plain module on the device, in the run's memory format (its state_dict is what we save)."""
     memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
-    model = model.to(device=device, memory_format=memory_format)
+    return model.to(device=device, memory_format=memory_format)
+
+
+def wrap_model(model: nn.Module, recipe: Recipe, dist: DistInfo, device: torch.device) -> nn.Module:
+    """What the loop calls: DDP- and/or compile-wrapped. DDP registers the parameters that require
+    gradients now: a change of what trains needs a new wrapper (engine/finetune.py)."""
     runner: nn.Module = model
     if dist.enabled:
         runner = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if recipe.train.compile:
         runner = torch.compile(runner)
-    return model, runner
+    return runner
 
 
 def _read_data(recipe: Recipe) -> tuple[Any, Any, Any]:
@@ -206,12 +328,13 @@ def _read_data(recipe: Recipe) -> tuple[Any, Any, Any]:
 
 
 def _build_loaders(recipe: Recipe, splits: Any, train_set: Any, val_set: Any, dist: DistInfo,
-                   device: torch.device) -> tuple[Any, Any, Any]:
+                   device: torch.device, sample_weights: torch.Tensor | None = None) -> tuple[Any, Any, Any]:
     cfg = recipe.data
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
                   pin_memory=device.type == "cuda", device=device, mode=cfg.loader,
                   images=_device_image_options(recipe))
-    train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, **common)
+    train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, weights=sample_weights,
+                               **common)
     val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)
     test_loader = None
     if splits.test is not None:
@@ -273,6 +396,7 @@ def _make_spec(recipe: Recipe, splits: Any, num_classes: int, arch_kwargs: dict[
         channels=int(inputs.shape[1]) if inputs is not None and not tokens else 3,
         tokenizer="tokenizer.json" if "tokenizer.json" in splits.artifacts else None,
         sequence_length=int(inputs.shape[1]) if tokens else None,
+        weights="ema" if recipe.ema.enabled else "raw",
     )
 
 

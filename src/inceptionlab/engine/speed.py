@@ -84,7 +84,7 @@ def decide_training(recipe: Recipe, model: nn.Module, task: Any, device: torch.d
     candidates, reasons = hardware.plan_candidates(facts, want, training=True, long_run=shape.steps >= COMPILE_MIN_STEPS)
     if len(candidates) == 1:  # nothing left to choose: no key, no FLOP count, no timing
         return hardware.decide(candidates, None, ruled_out=reasons)
-    batch = calibration_batch(model, shape, recipe.train.batch_size, device)
+    batch = calibration_batch(model, shape, step_batch(recipe.train), device)
     key = hardware.make_key("train", facts, recipe.model.name, shape.input_shape, batch,
                             extra=f"{recipe.task}/{recipe.optim.name}/aux={recipe.model.aux_loss_weight is not None}")
     timer = _training_measure(recipe, model, task, device, shape, batch) if measure else None
@@ -94,6 +94,14 @@ def decide_training(recipe: Recipe, model: nn.Module, task: Any, device: torch.d
     if batch != recipe.train.batch_size:
         decision.batch = batch
     return decision
+
+
+def step_batch(train: TrainConfig) -> int:
+    """Images per forward/backward: the micro-batch when set, else the batch (32 while still `auto`)."""
+    for value in (train.micro_batch_size, train.batch_size):
+        if isinstance(value, int):
+            return value
+    return 32
 
 
 def calibration_batch(model: nn.Module, shape: RunShape, batch: int, device: torch.device) -> int:

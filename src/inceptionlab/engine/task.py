@@ -34,6 +34,7 @@ class MulticlassTask:
     num_classes: int
     label_smoothing: float = 0.0
     aux_loss_weight: float = 0.4  # Inception v3 paper's weight for the auxiliary classifier
+    class_weights: torch.Tensor | None = None  # train.class_weights: cross-entropy's per-class weight
 
     def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy against class indices (N,) or class probabilities (N, C), the soft targets of
@@ -45,9 +46,11 @@ class MulticlassTask:
         so it equals smoothing each one-hot target, then mixing (timm's order).
         """
         logits, aux = split_outputs(output)
-        loss = F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
+        weight = _on(self.class_weights, logits)
+        loss = F.cross_entropy(logits, targets, weight=weight, label_smoothing=self.label_smoothing)
         for aux_logits in aux:
-            loss = loss + self.aux_loss_weight * F.cross_entropy(aux_logits, targets, label_smoothing=self.label_smoothing)
+            loss = loss + self.aux_loss_weight * F.cross_entropy(aux_logits, targets, weight=weight,
+                                                                 label_smoothing=self.label_smoothing)
         return loss
 
     def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -84,11 +87,15 @@ class BinaryTask:
 
     num_classes: int = 2
     label_smoothing: float = 0.0
+    class_weights: torch.Tensor | None = None  # [negative, positive]: a weighted mean, as cross-entropy's
 
     def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
         logits = main_logits(output).reshape(-1)
         soft = targets.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
-        return F.binary_cross_entropy_with_logits(logits, soft)
+        if self.class_weights is None:
+            return F.binary_cross_entropy_with_logits(logits, soft)
+        weight = _on(self.class_weights, logits)[targets]
+        return (F.binary_cross_entropy_with_logits(logits, soft, reduction="none") * weight).sum() / weight.sum()
 
     def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(logits.reshape(-1).float(), targets.float())
@@ -104,12 +111,18 @@ class BinaryTask:
         return BinaryMeter(device, confusion=confusion)
 
 
+def _on(weights: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    return None if weights is None else weights.to(device=like.device, dtype=torch.float32)
+
+
 TASKS = {"multiclass": MulticlassTask, "binary": BinaryTask}
 
 
-def make_task(kind: str, num_classes: int, label_smoothing: float = 0.0, aux_loss_weight: float | None = None) -> Any:
+def make_task(kind: str, num_classes: int, label_smoothing: float = 0.0, aux_loss_weight: float | None = None,
+              class_weights: torch.Tensor | None = None) -> Any:
     """The task named `kind` in TASKS; `aux_loss_weight` only for tasks that weigh auxiliary heads."""
-    options: dict[str, Any] = {"num_classes": num_classes, "label_smoothing": label_smoothing}
+    options: dict[str, Any] = {"num_classes": num_classes, "label_smoothing": label_smoothing,
+                               "class_weights": class_weights}
     if aux_loss_weight is not None and "aux_loss_weight" in TASKS[kind].__dataclass_fields__:
         options["aux_loss_weight"] = aux_loss_weight
     return TASKS[kind](**options)

@@ -7,7 +7,9 @@ drops or keeps Inception's auxiliary head. `rebuild_model` recreates a trained m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import inspect
+import warnings
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -17,8 +19,10 @@ from torch import nn
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import DataConfig
 from inceptionlab.errors import UserError
+from inceptionlab.models.parts import AUX_HEAD_ATTRS, output_layers
 from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
 from inceptionlab.models.spec import ModelSpec, Preprocessing
+from inceptionlab.models.weights import WeightsSource, fit_weights, read_state_dict, source_from_path
 
 if TYPE_CHECKING:
     import torchvision  # ~1.3 s: text and array runs never need it
@@ -42,8 +46,6 @@ _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
     "inception_v3": {"transform_input": True, "aux_logits": True, "init_weights": False},
     "googlenet": {"transform_input": True, "aux_logits": True, "init_weights": False},
 }
-# Modules holding auxiliary classifiers, removed when the aux loss is off (as the guide does).
-_AUX_HEAD_ATTRS = ("AuxLogits", "aux1", "aux2")
 
 
 def register_model(name: str, preprocessing: Preprocessing | None) -> Callable[[Callable[..., nn.Module]], Callable[..., nn.Module]]:
@@ -70,6 +72,64 @@ def _check_known(name: str) -> None:
             f"unknown model {name!r}: use a torchvision classification model name "
             f"(e.g. inception_v3, resnet50) or one of ours ({', '.join(sorted(_OWN_MODELS)) or 'none'})"
         )
+
+
+def model_arguments(name: str) -> list[str] | None:
+    """The builder arguments `name` takes (None when they cannot be listed): its builder's own and its
+    class's constructor's, which torchvision builders pass their **kwargs on to."""
+    _check_known(name)
+    if name in _OWN_MODELS:
+        return _named_parameters(_OWN_MODELS[name])
+    models = _tv_models()
+    arguments = set(_named_parameters(models.get_model_builder(name)) or []) - {"weights", "progress"}
+    try:
+        # The class is found by building on the meta device: no memory, no init (~0.1 s for Inception v3).
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cls = type(models.get_model(name, weights=None))
+    except Exception:  # a builder that copies tensors on build (RegNet): its arguments stay unlisted
+        return None
+    return sorted((arguments | set(_named_parameters(cls.__init__) or [])) - {"self", "num_classes"})
+
+
+def _named_parameters(function: Callable[..., Any]) -> list[str] | None:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "num_classes"]
+
+
+def check_model_kwargs(name: str, kwargs: dict[str, Any]) -> None:
+    """A one-line error naming the first argument `name` does not take, and the ones it does."""
+    if not kwargs:
+        return
+    if "num_classes" in kwargs:
+        raise UserError("model.kwargs.num_classes: set model.num_classes instead (null follows the dataset)")
+    accepted = model_arguments(name)
+    if accepted is None:
+        return
+    unknown = [key for key in kwargs if key not in accepted]
+    if unknown:
+        raise UserError(_kwargs_message(name, unknown[0], accepted))
+
+
+def _kwargs_message(name: str, key: str, accepted: list[str] | None) -> str:
+    listed = ", ".join(accepted) if accepted else "none listed"
+    return (f"model.kwargs.{key}: {name} takes no argument {key!r} (its arguments: {listed}); "
+            f"drop it with --set model.kwargs.{key}=null, or all of them with --set 'model.kwargs={{}}'")
+
+
+def _construct(builder: Callable[..., nn.Module], name: str, **kwargs: Any) -> nn.Module:
+    """Call a builder; an argument it refuses is the user's one-line error, not a traceback."""
+    try:
+        return builder(**kwargs)
+    except TypeError as exc:
+        message = str(exc)
+        if "argument" not in message:
+            raise
+        key = message.rsplit("'", 2)[-2] if message.count("'") >= 2 else "?"
+        raise UserError(_kwargs_message(name, key, model_arguments(name))) from None
 
 
 def default_weights(name: str) -> "torchvision.models.WeightsEnum":
@@ -101,31 +161,8 @@ def _load_imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """A state_dict from a weights file or a training checkpoint (its model part); the one loader."""
-    if not path.is_file():
-        raise UserError(f"{path}: weights file not found (give a state_dict .pt/.pth file)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{path}: not a readable PyTorch weights file ({reason}); it may be truncated: "
-                        "copy it again, or give model.pt / checkpoints/best.pt of a run") from None
-    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-        state = state["model"]  # a training checkpoint: take its model part
-    if not isinstance(state, dict):
-        raise UserError(f"{path}: expected a state_dict (dict of tensors), got {type(state).__name__}")
-    return state
-
-
-def _output_layers(model: nn.Module, num_outputs: int) -> list[str]:
-    """Names of the classification output layers: Linear / 1x1 Conv producing `num_outputs`."""
-    names = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and module.out_features == num_outputs:
-            names.append(name)
-        elif isinstance(module, nn.Conv2d) and module.out_channels == num_outputs and module.kernel_size == (1, 1):
-            names.append(name)
-    return names
+    """A state_dict from a weights file or a training checkpoint (the weights the run keeps); the one loader."""
+    return read_state_dict(Path(path))[0]
 
 
 def _new_like(layer: nn.Module, num_classes: int) -> nn.Module:
@@ -136,7 +173,7 @@ def _new_like(layer: nn.Module, num_classes: int) -> nn.Module:
 
 def replace_heads(model: nn.Module, old_classes: int, num_classes: int) -> list[str]:
     """Swap every classification output layer (main and auxiliary) for a fresh one."""
-    names = _output_layers(model, old_classes)
+    names = output_layers(model, old_classes)
     if not names:
         raise UserError(f"{type(model).__name__}: found no output layer with {old_classes} outputs to replace")
     for name in names:
@@ -150,7 +187,7 @@ def drop_aux_heads(model: nn.Module) -> None:
     """The guide's `model.aux_logits = False; model.AuxLogits = None`, for any model that has them."""
     if hasattr(model, "aux_logits"):
         model.aux_logits = False
-    for attr in _AUX_HEAD_ATTRS:
+    for attr in AUX_HEAD_ATTRS:
         if getattr(model, attr, None) is not None:
             setattr(model, attr, None)
 
@@ -172,6 +209,7 @@ class BuiltModel:
     arch_kwargs: dict[str, Any]
     pretrained: str | None  # what was loaded: "imagenet", a path, or None (random init)
     source_classes: list[str] | None  # the pretrained weights' own class names
+    report: list[str] = field(default_factory=list)  # what was loaded, kept, replaced, started new
 
 
 def _want_pretrained(name: str, weights: str | None) -> str | None:
@@ -181,47 +219,64 @@ def _want_pretrained(name: str, weights: str | None) -> str | None:
     return weights
 
 
+def _weights_source(name: str, weights: str) -> WeightsSource:
+    if weights == "imagenet":
+        if name in _OWN_MODELS:
+            raise UserError(f"model {name!r} has no ImageNet weights: set model.weights=null, a weights file "
+                            "or a run directory")
+        categories = list(default_weights(name).meta["categories"])
+        return WeightsSource(_load_imagenet_state_dict(name), f"{name} ImageNet weights", name, categories,
+                             dict(_PRETRAINED_ARCH_KWARGS.get(name, {})), match_names=False)
+    source = source_from_path(Path(weights).expanduser())
+    if source.arch is not None and source.arch != name:
+        raise UserError(f"{weights}: weights of a {source.arch} model, not {name}: set model.name={source.arch}")
+    if source.arch is None:  # a plain state_dict: assume torchvision's layout for that architecture
+        source.arch_kwargs = dict(_PRETRAINED_ARCH_KWARGS.get(name, {}))
+    return source
+
+
+def _builder(name: str, num_classes: int) -> Callable[..., nn.Module]:
+    if name in _OWN_MODELS:
+        return lambda **kwargs: _OWN_MODELS[name](num_classes=num_classes, **kwargs)
+    return lambda **kwargs: _tv_models().get_model(name, weights=None, num_classes=num_classes, **kwargs)
+
+
 def build_model(
     name: str,
     num_classes: int,
     weights: str | None = None,
     aux_loss_weight: float | None = None,
+    class_names: list[str] | None = None,
     **kwargs: Any,
 ) -> BuiltModel:
-    """A model ready to train or run: pretrained weights loaded, heads sized to `num_classes`."""
+    """A model ready to train or run: starting weights fitted (models/weights.py), heads sized to
+    `num_classes`, Inception's aux head kept only when weighted. `class_names` (the dataset's) lets a
+    run's head carry over the classes both have."""
     _check_known(name)
-    if name in _OWN_MODELS:
-        if weights not in (None, "imagenet_if_cached"):
-            raise UserError(f"model {name!r} has no pretrained weights: set model.weights=null")
-        model = _OWN_MODELS[name](num_classes=num_classes, **kwargs)
-        return BuiltModel(model, dict(kwargs), None, None)
-
+    check_model_kwargs(name, kwargs)
     weights = _want_pretrained(name, weights)
     wants_aux = aux_loss_weight is not None
+    build = _builder(name, num_classes)
     if weights is None:
+        if name in _OWN_MODELS:
+            return BuiltModel(_construct(build, name, **kwargs), dict(kwargs), None, None)
         if name in _PRETRAINED_ARCH_KWARGS:
             kwargs.setdefault("aux_logits", wants_aux)
             kwargs.setdefault("init_weights", True)  # torchvision's init; None only adds a warning
-        model = _tv_models().get_model(name, weights=None, num_classes=num_classes, **kwargs)
+        model = _construct(build, name, **kwargs)
         return BuiltModel(model, {**kwargs, **_arch_kwargs(model)}, None, None)
 
-    state = _load_imagenet_state_dict(name) if weights == "imagenet" else load_state_dict(Path(weights))
-    meta = default_weights(name).meta
-    source_classes = list(meta["categories"])
-    pretrained_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **kwargs}
-    model = _tv_models().get_model(name, weights=None, num_classes=len(source_classes), **pretrained_kwargs)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise UserError(
-            f"{weights}: weights do not fit {name} with {len(source_classes)} classes "
-            f"({str(exc).splitlines()[0]}); for a fine-tuned run use --run RUN_DIR"
-        ) from None
-    if num_classes != len(source_classes):
-        replace_heads(model, len(source_classes), num_classes)
+    source = _weights_source(name, weights)
+    arch_kwargs = {**source.arch_kwargs, **kwargs}
+    if "aux_logits" in arch_kwargs or name in _PRETRAINED_ARCH_KWARGS:
+        arch_kwargs["aux_logits"] = wants_aux
+        arch_kwargs["init_weights"] = False  # the weights are loaded right after: skip the slow init
+    model = _construct(build, name, **arch_kwargs)
+    fitted = fit_weights(model, source, num_classes, class_names, name)
     if not wants_aux:
         drop_aux_heads(model)
-    return BuiltModel(model, _arch_kwargs(model) | dict(kwargs), weights, source_classes)
+    keep = _arch_kwargs(model) | dict(kwargs) if name not in _OWN_MODELS else arch_kwargs
+    return BuiltModel(model, keep, weights, source.class_names, fitted.lines)
 
 
 def rebuild_model(spec: ModelSpec) -> nn.Module:

@@ -60,6 +60,9 @@ class ModelSpec:
     channels: int = 3  # image channels the model takes (1 for Fashion-MNIST)
     tokenizer: str | None = None  # for input_kind "tokens": the run's tokenizer file (raw text -> ids)
     sequence_length: int | None = None  # for input_kind "tokens": token ids per text
+    # Which weights the run keeps (model.pt, best.pt for inference, exports): "raw" (the optimizer's)
+    # or "ema" (their exponential moving average, ema.decay set: engine/ema.py).
+    weights: str = "raw"
 
     def __post_init__(self) -> None:
         if len(self.class_names) != self.num_classes:

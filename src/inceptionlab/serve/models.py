@@ -169,7 +169,8 @@ class ServedModel:
 
     def describe(self) -> str:
         extra = "".join(f"; {note}" for note in (self.agreement, self.batching) if note)
-        return (f"{self.name}: {self.spec.arch} ({self.spec.input_kind}, {self.spec.num_classes} classes) from "
+        averaged = ", EMA weights" if self.spec.weights == "ema" else ""  # spec.json: which weights model.pt holds
+        return (f"{self.name}: {self.spec.arch} ({self.spec.input_kind}, {self.spec.num_classes} classes{averaged}) from "
                 f"{self.source_label} on {self.provider} [{self.backend} {self.precision}], batches "
                 f"{','.join(map(str, self.buckets))} x {len(self.engines)} instance(s), warmed in "
                 f"{self.warmup_s:.1f} s{extra}")

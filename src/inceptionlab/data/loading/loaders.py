@@ -75,6 +75,7 @@ def make_loader(
     device: torch.device | None = None,
     mode: str = "auto",
     images: DeviceImageOptions | None = None,
+    weights: torch.Tensor | None = None,
 ) -> Loader:
     """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise.
 
@@ -85,7 +86,7 @@ def make_loader(
     if images is not None and mode != "workers":
         on_images: dict[str, Any] = dict(batch_size=batch_size, train=train, seed=seed, rank=rank,
                                          world_size=world_size, device=device or torch.device("cpu"),
-                                         num_workers=num_workers)
+                                         num_workers=num_workers, weights=weights if train else None)
         if mode != "stream":
             resident = resident_image_loader(dataset, images, required=mode == "resident", **on_images)
             if resident is not None:
@@ -93,7 +94,8 @@ def make_loader(
         streamed = stream_image_loader(dataset, images, **on_images)
         if streamed is not None:
             return streamed
-    sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
+    sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train,
+                           weights=weights if train else None)
     if isinstance(dataset, ArraySplit) and mode in ("auto", "resident"):
         return ResidentLoader(dataset, batch_size, sampler, device or torch.device("cpu"))
     return worker_loader(dataset, sampler, batch_size=batch_size, seed=seed, num_workers=num_workers,

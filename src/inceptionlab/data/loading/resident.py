@@ -137,6 +137,7 @@ def resident_image_loader(
     device: torch.device,
     num_workers: int | None,
     required: bool,
+    weights: torch.Tensor | None = None,
 ) -> ResidentImageLoader | None:
     """A ResidentImageLoader for an image folder that fits in memory; None means use the DataLoader path.
 
@@ -160,20 +161,24 @@ def resident_image_loader(
         # milliseconds instead of a minute for all).
         cache = decode_split([folder.samples[i] for i in indices], options.cache_size, workers)
         indices = list(range(len(indices)))
-    return _loader_from_cache(cache, indices, options, batch_size, train, seed, rank, world_size, device)
+    return _loader_from_cache(cache, indices, options, batch_size, train, seed, rank, world_size, device, weights)
 
 
 def _loader_from_cache(cache: ImageCache, indices: list[int], options: DeviceImageOptions, batch_size: int,
-                       train: bool, seed: int, rank: int, world_size: int, device: torch.device) -> ResidentImageLoader:
+                       train: bool, seed: int, rank: int, world_size: int, device: torch.device,
+                       weights: torch.Tensor | None = None) -> ResidentImageLoader:
     chosen = torch.tensor(indices, dtype=torch.long)
     readable = chosen[cache.readable[chosen]]
+    if weights is not None:  # one per position of `indices`: keep the readable ones'
+        weights = torch.as_tensor(weights)[cache.readable[chosen]]
     unreadable = [cache.paths[i] for i in chosen[~cache.readable[chosen]].tolist()]
     images = cache.images[readable]
     where = placement(images.numel(), device) or torch.device("cpu")
     images = images.to(where)
     if where.type == "cpu" and device.type == "cuda":
         images = images.pin_memory()
-    sampler = EpochSampler(len(readable), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
+    sampler = EpochSampler(len(readable), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train,
+                           weights=weights)
     return ResidentImageLoader(images, cache.heights[readable].to(device), cache.widths[readable].to(device),
                                cache.targets[readable].to(device), batch_size, sampler, device,
                                options.augment(train), seed, rank, unreadable)

@@ -1,12 +1,15 @@
 """Which samples each rank sees in each epoch: a function of (seed, epoch) alone, so runs resume exactly.
 
-Shared by every loader (worker processes, resident arrays, resident images, streamed images).
+Shared by every loader (worker processes, resident arrays, resident images, streamed images). With
+per-sample `weights` (data.sampler=balanced) an epoch is as many draws with replacement, sample i
+drawn with probability proportional to weights[i]; the draw is still a function of (seed, epoch), and
+each rank takes its share of it, so the class balance and the resume semantics hold for every loader.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import Sampler
@@ -19,17 +22,24 @@ class EpochSampler(Sampler[int]):
     step counts); evaluation (`pad=False`) shards without padding so no sample is counted twice.
     """
 
-    def __init__(self, size: int, *, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1, pad: bool = True):
+    def __init__(self, size: int, *, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1, pad: bool = True,
+                 weights: torch.Tensor | None = None):
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.rank, self.world_size, self.pad = rank, world_size, pad
         self.epoch, self.start = 0, 0
+        if weights is not None and len(weights) != size:
+            raise ValueError(f"{len(weights)} sample weights for {size} samples")
+        self.weights = None if weights is None else torch.as_tensor(weights, dtype=torch.float64)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select the epoch's order; skip the first `start` samples of this rank's share."""
         self.epoch, self.start = epoch, start
 
     def _indices(self) -> list[int]:
-        if self.shuffle:
+        if self.shuffle and self.weights is not None:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.multinomial(self.weights, self.size, replacement=True, generator=generator).tolist()
+        elif self.shuffle:
             generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
             order = torch.randperm(self.size, generator=generator).tolist()
         else:
@@ -47,3 +57,34 @@ class EpochSampler(Sampler[int]):
 
 def default_num_workers() -> int:
     return min(8, os.cpu_count() or 1)
+
+
+def split_targets(dataset: Any) -> torch.Tensor:
+    """The class index of every sample of a split, read without decoding any image."""
+    if hasattr(dataset, "targets"):
+        return torch.as_tensor(dataset.targets, dtype=torch.long)
+    from inceptionlab.data.loading.image_options import image_folder_of  # torchvision: image folders only
+
+    found = image_folder_of(dataset)
+    if found is not None:
+        folder, indices = found
+        return torch.tensor([folder.targets[i] for i in indices], dtype=torch.long)
+    return torch.tensor([int(dataset[i][1]) for i in range(len(dataset))], dtype=torch.long)
+
+
+def class_counts(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
+    return torch.bincount(targets, minlength=num_classes)[:num_classes]
+
+
+def inverse_frequency(counts: torch.Tensor, power: float) -> torch.Tensor:
+    """count^-power per class, normalised to mean 1 over the classes present (absent ones: 1)."""
+    present = counts > 0
+    weights = torch.ones(len(counts), dtype=torch.float64)
+    weights[present] = counts[present].double() ** -power
+    weights[present] /= weights[present].mean()
+    return weights
+
+
+def balanced_sample_weights(targets: torch.Tensor, num_classes: int, power: float) -> torch.Tensor:
+    """Per-sample draw weights n_class^-power: power 1 draws every class equally often in expectation."""
+    return inverse_frequency(class_counts(targets, num_classes), power)[targets]

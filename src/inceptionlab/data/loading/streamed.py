@@ -111,6 +111,7 @@ def stream_image_loader(
     world_size: int,
     device: torch.device,
     num_workers: int | None,
+    weights: torch.Tensor | None = None,
 ) -> StreamImageLoader | None:
     """A StreamImageLoader for an image folder (or a Subset of one); None for any other dataset."""
     found = image_folder_of(dataset)
@@ -118,7 +119,8 @@ def stream_image_loader(
         return None
     folder, indices = found
     files = _StreamFiles([folder.samples[i] for i in indices], options.cache_size)
-    sampler = EpochSampler(len(files), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train)
+    sampler = EpochSampler(len(files), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train,
+                           weights=weights)
     workers = default_num_workers() if num_workers is None else num_workers
     # Every batch is exactly this size (PadToFixed): uint8, batch x 3 x cache_size^2.
     workers = fit_workers(workers, PREFETCH, batch_size * 3 * options.cache_size**2, what="streaming image loader")

@@ -1,0 +1,79 @@
+"""`inceptionlab lr-find`: the learning-rate range test of a recipe, for the head and for the whole model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def lr_find(
+    recipe: str = typer.Argument(..., help="Recipe name (see `inceptionlab recipes`) or YAML path."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (sets data.root)."),
+    overrides: List[str] = typer.Option([], "--set", help="Override a recipe value: --set model.weights=RUN_DIR (repeatable)."),
+    steps: int = typer.Option(100, "--steps", min=5, help="Steps per range test (one rate each)."),
+    start: float = typer.Option(1e-7, "--start", min=0.0, help="First learning rate."),
+    end: float = typer.Option(10.0, "--end", min=0.0, help="Last learning rate (the test stops earlier if the loss diverges)."),
+    out: Path = typer.Option(Path("runs/lr-find"), "--out", help="Parent folder of the result (plot and JSON)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the suggestions and both curves as one JSON object."),
+) -> None:
+    """Smith's learning-rate range test: the rate rises exponentially, one value per training step, from
+    the recipe's starting weights, first for the head alone (the body frozen as in head-only epochs),
+    then for the whole model. Suggests optim.lr (the head's steepest descent of the smoothed loss) and
+    finetune.body_lr_mult (the whole model's over the head's); draws the curves. The weights are not
+    changed: nothing is saved but the plot and the numbers.
+
+    Examples:
+
+      inceptionlab lr-find inception_v3/imagefolder --data ~/photos
+
+      inceptionlab lr-find inception_v3/imagefolder --data ~/photos --set model.weights=runs/old/20261122-101500 --json
+    """
+    import sys
+
+    from inceptionlab.checkpoint import RunDir
+    from inceptionlab.engine.choices import load_training_recipe
+    from inceptionlab.engine.lr_find import RULE, find_learning_rates, recommendation
+    from inceptionlab.engine.session import build_training_session
+    from inceptionlab.errors import UserError
+    from inceptionlab.fileio import atomic_write_json
+    from inceptionlab.plots import plot_lr_find
+
+    if end <= start or start <= 0:
+        raise UserError(f"--start {start} and --end {end}: need 0 < start < end")
+    loaded = load_training_recipe(recipe, list(overrides) + ([f"data.root={data}"] if data is not None else []))
+    session = build_training_session(loaded)
+    say = (lambda line: print(line, file=sys.stderr)) if as_json else print
+    for note in session.notes:
+        say(note)
+    show = sys.stderr.isatty() if progress is None else progress
+
+    def bar(values):
+        from tqdm import tqdm  # start-up time: only while the test runs
+
+        return tqdm(values, desc="range test", unit="step", disable=not show, leave=False)
+
+    results = find_learning_rates(session, start, end, steps, progress=bar)
+    folder = RunDir.create(out, loaded.name).path
+    tests = {part: test.to_dict() for part, test in results.items()}
+    plot = plot_lr_find(tests, folder / "lr_find.png")
+    suggested = recommendation(results)
+    report = {"recipe": loaded.name, "rule": RULE, "suggested": suggested, "tests": tests, "plot": str(plot)}
+    atomic_write_json(folder / "lr_find.json", report)
+    if as_json:
+        print(json.dumps(report))
+        return
+    for part, test in results.items():
+        found = f"{test.suggestion:.3g}" if test.suggestion else "none (the loss never fell)"
+        print(f"{part}: suggested lr {found}; {len(test.lrs)} steps, {test.ended}")
+    print(f"rule: {RULE}")
+    if suggested:
+        print("set: " + " ".join(f"--set {key}={value:.3g}" for key, value in suggested.items()))
+    print(f"plot: {plot}")
+
+
+def register(root: typer.Typer) -> None:
+    root.command("lr-find")(lr_find)

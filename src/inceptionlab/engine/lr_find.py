@@ -1,0 +1,158 @@
+"""The learning-rate range test (Smith 2017, "Cyclical Learning Rates"; fastai's and Lightning's lr_find).
+
+From a run's starting weights, train a few steps with the rate rising exponentially from `start` to
+`end`, one rate per step, and record the loss; stop when the smoothed loss exceeds 4x its best (it has
+diverged). Two tests, because the head and the body want different rates:
+
+- **head**: the body frozen as in the head-only epochs (engine/finetune.py), only the head trains;
+- **body**: the whole model at one rate.
+
+The suggestion of each is the rate where the smoothed loss falls fastest against log10(rate): the
+steepest descent, Lightning's rule, over the steps after the first 10% and before the last (their
+noise dominates). The recipe values that follow: optim.lr = the head's suggestion, and
+finetune.body_lr_mult = body's / head's (at most 1). The loss is smoothed as fastai does (an
+exponential moving average with beta 0.98, bias-corrected). The model's weights, BatchNorm statistics
+and the process's RNG streams are restored afterwards: the range test leaves no trace on the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from inceptionlab.engine.loop import train_step
+from inceptionlab.engine.optim import build_optimizer
+
+if TYPE_CHECKING:
+    from inceptionlab.engine.session import TrainingSession
+
+SMOOTHING = 0.98
+DIVERGED = 4.0  # the smoothed loss over its best by this factor ends the test
+SKIP_START = 0.10  # of the steps, left out of the suggestion
+RULE = ("steepest descent of the smoothed loss against log10(lr), after the first 10% of steps "
+        "(Lightning's suggestion)")
+
+
+@dataclass
+class RangeTest:
+    part: str  # head | body
+    lrs: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    smoothed: list[float] = field(default_factory=list)
+    suggestion: float | None = None
+    ended: str = ""  # why the test stopped
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "rule": RULE}
+
+
+def rates(start: float, end: float, steps: int) -> list[float]:
+    """`steps` rates rising exponentially from start to end."""
+    return [start * (end / start) ** (k / max(1, steps - 1)) for k in range(steps)]
+
+
+def range_test(step: Callable[[float], float], lrs: list[float], part: str = "") -> RangeTest:
+    """Call `step(lr)` (one optimizer step at that rate, returning its loss) for each rate until the loss diverges."""
+    result = RangeTest(part)
+    average, best = 0.0, math.inf
+    for k, lr in enumerate(lrs):
+        loss = step(lr)
+        result.lrs.append(lr)
+        result.losses.append(loss)
+        if not math.isfinite(loss):
+            result.ended = f"loss {loss} at lr {lr:.3g}"
+            break
+        average = SMOOTHING * average + (1 - SMOOTHING) * loss
+        smoothed = average / (1 - SMOOTHING ** (k + 1))
+        result.smoothed.append(smoothed)
+        best = min(best, smoothed)
+        if smoothed > DIVERGED * best:
+            result.ended = f"diverged at lr {lr:.3g} (smoothed loss {smoothed:.3g} > {DIVERGED:g} x best {best:.3g})"
+            break
+    result.ended = result.ended or f"reached lr {lrs[-1]:.3g}"
+    result.suggestion = suggest(result.lrs[: len(result.smoothed)], result.smoothed)
+    return result
+
+
+def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
+    """The rate at the steepest descent of `smoothed` over log10(lr) (see RULE); None if it never falls."""
+    begin = max(1, int(len(smoothed) * SKIP_START))
+    if len(smoothed) - begin < 3:
+        return None
+    logs = np.log10(np.asarray(lrs[begin:-1]))
+    slopes = np.gradient(np.asarray(smoothed[begin:-1]), logs)
+    index = int(np.argmin(slopes))
+    return float(lrs[begin + index]) if slopes[index] < 0 else None
+
+
+def _batches(s: TrainingSession) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    epoch = 0
+    while True:
+        s.train_loader.set_epoch(epoch)
+        yield from s.train_loader
+        epoch += 1
+
+
+def session_range_test(s: TrainingSession, part: str, lrs: list[float],
+                       progress: Callable[[Any], Any] = lambda it: it) -> RangeTest:
+    """The range test of one part (head: body frozen; body: the whole model) on the session's model."""
+    head = set(s.parts.head)
+    for name, param in s.model.named_parameters():
+        param.requires_grad_(part == "body" or name in head)
+    runner = s.wrap(s.model)
+    heads = [s.model.get_submodule(n) for n in s.parts.head_modules]
+    trainable = [p for p in s.model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(trainable, replace(s.recipe.optim, lr=lrs[0]))
+    scaler = torch.amp.GradScaler(s.device.type, enabled=s.recipe.train.precision == "fp16")
+    batches = _batches(s)
+
+    def step(lr: float) -> float:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        if part == "head":  # the frozen body's policy: eval mode, statistics kept
+            runner.eval()
+            for module in heads:
+                module.train()
+        else:
+            runner.train()
+        inputs, targets = s.settings.to_device(*next(batches))
+        loss, _ = train_step(runner, s.task, optimizer, scaler, s.settings, inputs, targets)
+        return float(loss)
+
+    return range_test(step, list(progress(lrs)), part)
+
+
+def find_learning_rates(s: TrainingSession, start: float = 1e-7, end: float = 10.0, steps: int = 100,
+                        progress: Callable[[Any], Any] = lambda it: it) -> dict[str, RangeTest]:
+    """Both range tests; the model, its statistics and the RNG streams are as before afterwards."""
+    saved = copy.deepcopy(s.model.state_dict())
+    devices = [s.device] if s.device.type == "cuda" else []
+    results = {}
+    try:
+        with torch.random.fork_rng(devices=devices):
+            for part in ("head", "body"):
+                results[part] = session_range_test(s, part, rates(start, end, steps), progress)
+                s.model.load_state_dict(saved)
+    finally:
+        s.model.load_state_dict(saved)
+        for param in s.model.parameters():
+            param.requires_grad_(True)
+    return results
+
+
+def recommendation(results: dict[str, RangeTest]) -> dict[str, float]:
+    """optim.lr from the head's test, finetune.body_lr_mult from the body's (at most 1)."""
+    head, body = results["head"].suggestion, results["body"].suggestion
+    found: dict[str, float] = {}
+    if head is not None:
+        found["optim.lr"] = head
+    if head is not None and body is not None:
+        found["finetune.body_lr_mult"] = min(1.0, body / head)
+    elif body is not None:
+        found["optim.lr"] = body
+    return found

@@ -1,0 +1,260 @@
+"""Fine-tuning: registry parts, starting weights from a run, head-only epochs (slow and cached-features
+paths), the unfreeze under resume, layer-wise rates, no decay on norm and bias, the per-step warm-up."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torchvision
+from conftest import FAST, make_image_folder
+
+from inceptionlab.config import FinetuneConfig, OptimConfig, ScheduleConfig, load_recipe
+from inceptionlab.engine.fit import StopSignal, fit
+from inceptionlab.engine.optim import build_optimizer, build_scheduler
+from inceptionlab.models.parts import model_parts
+
+SMALL_CNN = ["model.name=cifar10_cnn", "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]
+# resnet18 at 32 px: BatchNorm in the body, for what freezing does to running statistics.
+RESNET = ["model.name=resnet18", "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]
+
+
+def recipe_for(data, *extra):
+    return load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={data}", *extra])
+
+
+def state_of(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# --------------------------------------------------------------------------- parts from the registry
+
+
+@pytest.mark.parametrize("name", ["resnet18", "inception_v3", "googlenet", "vit_b_16", "efficientnet_b0", "vgg11",
+                                  "convnext_tiny", "squeezenet1_0", "mobilenet_v3_small", "densenet121", "swin_t"])
+def test_head_is_what_the_class_count_sizes_and_every_parameter_has_one_part(name):
+    """The head found in a model is exactly the parameters whose shape follows num_classes (two builds, 7
+    and 11 classes, on the meta device), auxiliary heads aside; head, aux and body split all parameters."""
+    kwargs = {"aux_logits": True, "init_weights": False} if name in ("inception_v3", "googlenet") else {}
+    with torch.device("meta"):
+        seven = torchvision.models.get_model(name, num_classes=7, **kwargs)
+        eleven = torchvision.models.get_model(name, num_classes=11, **kwargs)
+    sized = {k for (k, a), (_, b) in zip(seven.named_parameters(), eleven.named_parameters()) if a.shape != b.shape}
+    parts = model_parts(seven, 7)
+    assert set(parts.head) == {k for k in sized if k.split(".")[0] not in ("AuxLogits", "aux1", "aux2")}
+    assert set(parts.head) | set(parts.aux) >= sized
+    every = [k for k, _ in seven.named_parameters()]
+    assert sorted([*parts.head, *parts.aux, *parts.body]) == sorted(every)
+    assert len(parts.layers) >= 7  # enough layers for layer-wise rates to mean something
+    assert bool(parts.aux) == (name in ("inception_v3", "googlenet"))
+
+
+def test_own_models_and_a_binary_head():
+    from inceptionlab.models.small import text_classifier
+
+    model = text_classifier(num_classes=2, vocab_size=50)
+    parts = model_parts(model, 2)
+    assert parts.head == ("fc.weight", "fc.bias") and parts.body == ("embedding.weight",)
+
+
+# --------------------------------------------------------------------------- rates
+
+
+def test_layer_decay_and_body_multiplier_and_no_decay_on_norm_and_bias():
+    model = torchvision.models.resnet18(num_classes=3)
+    parts = model_parts(model, 3)
+    optimizer = build_optimizer(model, OptimConfig(lr=0.1, weight_decay=1e-4), parts=parts,
+                                finetune=FinetuneConfig(layer_decay=0.5, body_lr_mult=0.1))
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    depth = len(parts.layers)  # resnet18: conv1, bn1, 8 blocks
+    assert depth == 10 and groups["head"]["lr"] == pytest.approx(0.1)
+    assert groups["body/layer4.1"]["lr"] == pytest.approx(0.1 * 0.1 * 0.5)  # next to the head: decay^1
+    assert groups["body/conv1"]["lr"] == pytest.approx(0.1 * 0.1 * 0.5**10)  # the stem: decay^depth
+    named = {id(p): n for n, p in model.named_parameters()}
+    undecayed = {named[id(p)] for g in optimizer.param_groups if g["weight_decay"] == 0 for p in g["params"]}
+    assert "fc.bias" in undecayed and "layer1.0.bn1.weight" in undecayed and "layer1.0.bn1.bias" in undecayed
+    assert "fc.weight" not in undecayed and "layer1.0.conv1.weight" not in undecayed
+    everything = build_optimizer(model, OptimConfig(lr=0.1, decay_norm_and_bias=True), parts=parts)
+    assert all(g["weight_decay"] == 1e-4 for g in everything.param_groups)
+
+
+def rates(schedule: ScheduleConfig, epochs: int, steps: int, freeze: int = 0) -> list[dict[str, float]]:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 3))
+    parts = model_parts(model, 3)
+    optimizer = build_optimizer(model, OptimConfig(name="sgd", lr=1.0, weight_decay=0), parts=parts)
+    scheduler = build_scheduler(optimizer, schedule, epochs, steps_per_epoch=steps, freeze_epochs=freeze, lr=1.0)
+    seen = []
+    for _ in range(epochs * steps):
+        seen.append({g["part"]: g["lr"] for g in optimizer.param_groups})
+        optimizer.step()
+        scheduler.step()
+    return seen
+
+
+def test_warm_up_rises_every_step_and_restarts_at_the_unfreeze():
+    schedule = ScheduleConfig(name="constant", warmup_epochs=1, warmup_start_factor=0.2)
+    per_step = [r["head"] for r in rates(schedule, 3, 4)]
+    assert per_step[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])  # +0.8/4 per step over 4 steps
+    per_epoch = [r["head"] for r in rates(ScheduleConfig(name="constant", warmup_epochs=2, warmup_per_step=False,
+                                                         warmup_start_factor=0.2), 3, 4)]
+    assert per_epoch == pytest.approx([0.2] * 4 + [0.6] * 4 + [1.0] * 4)
+    frozen = rates(ScheduleConfig(name="cosine", warmup_epochs=1, warmup_start_factor=0.2), 4, 2, freeze=1)
+    assert [r["head"] for r in frozen[:2]] == [1.0, 1.0] and [r["body"] for r in frozen[:2]] == [0.0, 0.0]
+    assert [r["body"] for r in frozen[2:4]] == pytest.approx([0.2, 0.6])  # the warm-up starts at the unfreeze
+    cosine = [r["body"] for r in frozen[4:]]  # then cosine over the 2 epochs left after the warm-up
+    assert cosine == pytest.approx([1.0, 1.0, (1 + math.cos(math.pi / 2)) / 2] * 1 + [0.5])
+
+
+def test_a_linear_probe_schedules_the_head_over_the_whole_run():
+    probe = rates(ScheduleConfig(name="steplr", step_size=1, gamma=0.5), 3, 1, freeze=3)
+    assert [r["head"] for r in probe] == [1.0, 0.5, 0.25] and all(r["body"] == 0 for r in probe)
+
+
+# --------------------------------------------------------------------------- starting weights
+
+
+def test_continue_from_a_run_directory_with_other_classes(tmp_path):
+    """A run on cat/dog/fox, then a run on dog/cat/owl from its directory: the body is the run's model.pt,
+    the head's rows of dog and cat are carried over by name, owl's starts new; the report says so."""
+    first_data = make_image_folder(tmp_path / "a")
+    first = fit(recipe_for(first_data, *SMALL_CNN, "train.epochs=1"), tmp_path / "runs", progress=False)
+    second_data = make_image_folder(tmp_path / "b", classes=("cat", "dog", "owl"))
+    (second_data / "train" / "cat").rename(second_data / "train" / "zcat")  # folder order: dog, owl, zcat
+    (second_data / "val" / "cat").rename(second_data / "val" / "zcat")
+    from inceptionlab.engine.session import build_training_session
+
+    recipe = recipe_for(second_data, *SMALL_CNN, f"model.weights={first.run_dir}")
+    s = build_training_session(recipe)
+    before = state_of(first.run_dir / "model.pt")
+    now = s.model.state_dict()
+    for key in before:
+        if not key.startswith("11."):  # the body: exactly the run's weights
+            assert torch.equal(now[key], before[key]), key
+    assert torch.equal(now["11.weight"][0], before["11.weight"][1])  # dog: row 1 there, row 0 here
+    assert not torch.equal(now["11.weight"][1], before["11.weight"][0])  # owl: new
+    line = next(n for n in s.notes if "head" in n and "replaced" in n)
+    assert "1 of 3 classes carried over by name" in line and "new: owl, zcat" in line
+    assert any("3 of" in n or "tensors loaded" in n for n in s.notes)
+    same = build_training_session(recipe_for(first_data, *SMALL_CNN, f"model.weights={first.run_dir}"))
+    assert any("kept (the same 3 classes)" in n for n in same.notes)
+    assert torch.equal(same.model.state_dict()["11.weight"], before["11.weight"])
+
+
+def test_a_plain_weights_file_keeps_its_head_for_as_many_classes_and_replaces_it_otherwise(tmp_path):
+    from inceptionlab.models.registry import build_model
+
+    torch.manual_seed(0)
+    source = torchvision.models.resnet18(num_classes=3)
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    kept = build_model("resnet18", 3, str(tmp_path / "w.pt"), class_names=["a", "b", "c"])
+    assert torch.equal(kept.model.fc.weight, source.fc.weight)
+    assert "head fc kept (3 outputs; the weights do not name their classes)" in kept.report[1]
+    fresh = build_model("resnet18", 5, str(tmp_path / "w.pt"))
+    assert fresh.model.fc.out_features == 5 and "starts new (3 classes in the weights, 5 here)" in fresh.report[1]
+    assert torch.equal(fresh.model.layer4[1].conv2.weight, source.layer4[1].conv2.weight)
+
+
+def test_weights_of_another_architecture_are_a_clear_error(tmp_path, image_folder):
+    run = fit(recipe_for(image_folder, *SMALL_CNN, "train.epochs=1"), tmp_path / "runs", progress=False)
+    from inceptionlab.engine.session import build_training_session
+    from inceptionlab.errors import UserError
+
+    with pytest.raises(UserError, match="weights of a cifar10_cnn model, not resnet18: set model.name=cifar10_cnn"):
+        build_training_session(recipe_for(image_folder, *RESNET, f"model.weights={run.run_dir}"))
+
+
+# --------------------------------------------------------------------------- frozen body
+
+
+@pytest.mark.slow  # resnet18, two runs of 2-3 epochs
+def test_head_epochs_leave_the_body_and_its_batchnorm_statistics_bit_identical(tmp_path, image_folder):
+    """Two head-only epochs through the frozen body (the slow path): every body tensor, BatchNorm's running
+    statistics included, is bit-identical to the starting weights; the head moved. Then one whole-model
+    epoch moves the body."""
+    torch.manual_seed(0)
+    start = torchvision.models.resnet18(num_classes=3).state_dict()
+    torch.save(start, tmp_path / "start.pt")
+    common = [*RESNET, f"model.weights={tmp_path / 'start.pt'}", "finetune.freeze_epochs=2",
+              "finetune.feature_cache=false", "optim.lr=0.05"]
+    frozen = fit(recipe_for(image_folder, *common, "train.epochs=2"), tmp_path / "a", progress=False)
+    after = state_of(frozen.run_dir / "model.pt")
+    for key, value in start.items():
+        if key.startswith("fc."):
+            assert not torch.equal(after[key], value)
+        else:
+            assert torch.equal(after[key], value), f"{key} changed while frozen"
+    thawed = fit(recipe_for(image_folder, *common, "train.epochs=3"), tmp_path / "b", progress=False)
+    assert not torch.equal(state_of(thawed.run_dir / "model.pt")["layer1.0.conv1.weight"], start["layer1.0.conv1.weight"])
+    assert not torch.equal(state_of(thawed.run_dir / "model.pt")["bn1.running_mean"], start["bn1.running_mean"])
+
+
+@pytest.mark.slow  # three 2-epoch runs on 150 images
+def test_cached_features_train_the_head_as_the_frozen_body_does(tmp_path, cifar_root):
+    """On in-memory data (no augmentation on either path) a linear probe on cached features ends with the
+    head a probe through the frozen body gets (up to float rounding: the body ran at other batch sizes);
+    a second run reads the features from the cache."""
+    sets = ["model.weights=null", "train.epochs=2", "finetune.freeze_epochs=2", "train.batch_size=16",
+            "data.num_workers=0", f"data.root={cifar_root}"]
+    slow = fit(load_recipe("cifar10/small_cnn", [*sets, "finetune.feature_cache=false"]), tmp_path / "s", progress=False)
+    fast = fit(load_recipe("cifar10/small_cnn", [*sets, "finetune.feature_cache=true"]), tmp_path / "f", progress=False)
+    a, b = state_of(slow.run_dir / "model.pt"), state_of(fast.run_dir / "model.pt")
+    for key in a:
+        assert torch.allclose(a[key], b[key], atol=1e-5), key
+    rows = [json.loads(line) for line in (fast.run_dir / "metrics.jsonl").read_text().splitlines()]
+    slow_rows = [json.loads(line) for line in (slow.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["val_loss"] == pytest.approx(slow_rows[-1]["val_loss"], rel=1e-4)
+    again = fit(load_recipe("cifar10/small_cnn", [*sets, "finetune.feature_cache=true"]), tmp_path / "g", progress=False)
+    assert torch.equal(state_of(again.run_dir / "model.pt")["11.weight"], b["11.weight"])
+
+
+def test_a_head_that_does_not_make_the_output_falls_back_to_the_frozen_body(tmp_path, image_folder, capsys):
+    """SqueezeNet's output conv feeds a ReLU and pooling: its input is not a feature the head alone maps to the output."""
+    sets = ["model.name=squeezenet1_1", "data.train_crop_size=64", "data.val_resize_size=64", "data.val_crop_size=64",
+            "train.epochs=1", "finetune.freeze_epochs=1"]
+    outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
+    assert outcome.status == "completed"
+    assert "features: not used (classifier.1 of squeezenet1_1" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # resnet18, three runs of 3 epochs
+def test_resume_across_the_unfreeze_is_bit_exact(tmp_path, image_folder):
+    """Head-only epoch 1 on cached features, whole model from epoch 2, EMA and a balanced sampler on: a run
+    stopped in epoch 2 and resumed ends with the weights (and average) of a run that never stopped."""
+    sets = [*RESNET, "train.epochs=3", "finetune.freeze_epochs=1", "ema.decay=0.8", "data.sampler=balanced",
+            "schedule.name=cosine", "schedule.warmup_epochs=1"]
+    straight = fit(recipe_for(image_folder, *sets), tmp_path / "a", progress=False)
+    stop, epochs_seen = StopSignal(), []
+
+    def stop_in_epoch_2(step, loss):
+        if step == 1:
+            epochs_seen.append(1)
+        if len(epochs_seen) == 2 and step == 2:
+            stop.request()
+
+    stopped = fit(recipe_for(image_folder, *sets), tmp_path / "b", progress=False, stop=stop, on_log=stop_in_epoch_2)
+    assert stopped.status == "interrupted"
+    resumed = fit(recipe_for(image_folder, *sets), tmp_path / "b", stopped.run_dir, progress=False)
+    assert resumed.status == "completed"
+    a, b = state_of(straight.run_dir / "checkpoints" / "last.pt"), state_of(resumed.run_dir / "checkpoints" / "last.pt")
+    for part in ("model",):
+        for key in a[part]:
+            assert torch.equal(a[part][key], b[part][key]), f"{part}.{key}"
+    for key in a["ema"]["weights"]:
+        assert torch.equal(a["ema"]["weights"][key], b["ema"]["weights"][key]), f"ema.{key}"
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+
+
+@pytest.mark.parametrize("loader", ["workers", "stream"])
+def test_features_of_the_worker_and_stream_paths_score_as_the_saved_model_does(tmp_path, image_folder, loader):
+    """A linear probe on cached features (taken through the eval view of each data path): its last validation
+    loss equals `evaluate` of the saved model.pt on the same images."""
+    from inceptionlab.infer.evaluate import evaluate_run
+
+    sets = [*SMALL_CNN, f"data.loader={loader}", "train.epochs=2", "finetune.freeze_epochs=2"]
+    outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    scored = evaluate_run(outcome.run_dir, None, None, device=torch.device("cpu"), batch_size=5, num_workers=0)
+    assert scored.result["loss"] == pytest.approx(rows[-1]["val_loss"], rel=1e-4, abs=1e-5)
+    assert scored.result["top1"] == pytest.approx(rows[-1]["val_top1"])

@@ -1,0 +1,65 @@
+"""`inceptionlab lr-find`: the range test, its suggestion rule, both parts, the weights left as they were."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST
+
+from inceptionlab.config import load_recipe
+from inceptionlab.engine.lr_find import find_learning_rates, range_test, rates, recommendation, suggest
+
+SMALL_CNN = ["model.name=cifar10_cnn", "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]
+
+
+def test_rates_rise_exponentially():
+    lrs = rates(1e-6, 1.0, 7)
+    assert lrs == pytest.approx([1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0])
+
+
+def test_suggestion_is_the_steepest_descent_and_a_diverging_loss_ends_the_test():
+    """A loss that is flat, falls fastest around lr 1e-3 (a tanh step in log10 lr), then explodes past 1e-1."""
+    def loss(lr: float) -> float:
+        x = math.log10(lr)
+        return 2.0 - math.tanh((x + 3) * 2) + (1e4 * (lr - 0.1) if lr > 0.1 else 0)
+
+    test = range_test(loss, rates(1e-7, 10.0, 81))
+    assert "diverged" in test.ended and test.lrs[-1] < 10.0
+    # The smoothed curve lags the raw loss a few steps: the steepest point lands just after 1e-3.
+    assert 1e-3 <= test.suggestion <= 1e-2
+    assert suggest([1e-3, 1e-2, 1e-1, 1.0, 10.0], [1.0, 1.1, 1.2, 1.3, 1.4]) is None  # never falls: no suggestion
+
+
+def test_lr_find_restores_the_weights_and_suggests_both_rates(image_folder):
+    from inceptionlab.engine.session import build_training_session
+
+    s = build_training_session(load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={image_folder}", *SMALL_CNN]))
+    before = {k: v.clone() for k, v in s.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    results = find_learning_rates(s, 1e-5, 10.0, steps=12)
+    assert set(results) == {"head", "body"} and all(len(r.lrs) >= 3 for r in results.values())
+    for key, value in s.model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.requires_grad for p in s.model.parameters())
+    found = recommendation(results)
+    assert set(found) <= {"optim.lr", "finetune.body_lr_mult"}
+
+
+def test_cli_writes_the_plot_and_json(image_folder, tmp_path, cli):
+    sets = [x for item in [*FAST, *SMALL_CNN] for x in ("--set", item)]
+    result = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, *sets, "--steps", "10",
+                 "--start", "1e-4", "--out", tmp_path / "lr", "--json", "--no-progress")
+    assert result.code == 0, result.err
+    report = json.loads(result.out.strip().splitlines()[-1])
+    assert set(report["tests"]) == {"head", "body"} and "steepest descent" in report["rule"]
+    plot = Path(report["plot"])
+    assert plot.is_file() and plot.stat().st_size > 1000 and plot.parent.parent.parent == tmp_path / "lr" / "inception_v3"
+    assert json.loads((plot.parent / "lr_find.json").read_text())["suggested"] == report["suggested"]
+    assert len(report["tests"]["head"]["lrs"]) <= 10
+    bad = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, "--start", "1", "--end", "0.1")
+    assert bad.code == 2 and "start < end" in bad.err
