@@ -163,3 +163,18 @@ def test_host_memory_and_shared_memory_budgets_are_shared_by_the_local_ranks(mon
     space = lambda: (10_000, 10_000)  # noqa: E731
     assert fit_workers(4, 2, 1_000, what="test", space=space) == 4  # 9 batches of 1,000 bytes fit
     assert fit_workers(4, 2, 1_000, what="test", space=space, sharers=2) == 2  # in 5,000 bytes: 5 batches
+
+
+NONFINITE_HELPER = Path(__file__).parent / "helpers" / "ddp_nonfinite.py"
+
+
+def test_a_nan_on_one_rank_stops_every_rank_with_the_same_message(tmp_path):
+    """Rank 1's loss turns NaN, rank 0's does not: both stop at the same log point with one message
+    (raised on rank 1 alone, rank 0 waited in its next collective until the process group's timeout)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(NONFINITE_HELPER),
+           str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    zero, one = ((tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1))
+    assert zero == one == "loss is nan at step 8 on rank 1"

@@ -49,7 +49,7 @@ def train(loader, log_every, should_stop=lambda: False, on_log=None):
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     settings = StepSettings(torch.device("cpu"), log_every=log_every)
     return train_one_epoch(model, loader, MulticlassTask(3), optimizer, scaler, settings,
-                           on_log=on_log, should_stop=should_stop)
+                           on_log=on_log, agree=lambda loss: (should_stop(), [loss]))
 
 
 def test_stop_is_asked_at_log_intervals_and_at_the_epoch_end_only():

@@ -17,7 +17,7 @@ from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, RunDir, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import any_rank, broadcast_buffers, gather_from_all
+from inceptionlab.engine.distributed import agree_at_log, broadcast_buffers, gather_from_all
 from inceptionlab.engine.finetune import Stage, Stages
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
@@ -170,7 +170,8 @@ def _start(r: _Run, resumed: _Resumed | None) -> ResumePoint:
     write the run's first files (recipe.resolved.yaml: only once the resume has succeeded), say where it is."""
     start = ResumePoint(0, 0, r.best.state(), None)
     if resumed is not None:
-        start = restore_training(resumed.ckpt, r.s.resumable_parts(), r.s.spec.class_names, r.s.dist.rank)
+        start = restore_training(resumed.ckpt, r.s.resumable_parts(), r.s.spec.class_names, r.s.dist.rank,
+                                 r.s.device)
         applied = apply_changes(resumed.changes, r.s.optimizer, r.s.scheduler)
         r.best.load(start)
         r.report.say(f"resuming {r.artifacts.run.path} at epoch {start.epoch + 1}, step {start.step_in_epoch}")
@@ -196,7 +197,7 @@ def _train_epoch(r: _Run, epoch: int, first_step: int, stage: Stage) -> tuple[Ep
     try:
         return train_one_epoch(stage.runner, loader, s.task, s.optimizer, s.scaler, stage.settings,
                                first_step=first_step, on_log=log,
-                               should_stop=lambda: any_rank(r.stop.requested, s.dist, s.device),
+                               agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device),
                                after_step=s.after_step, train_mode=stage.train_mode, epoch=epoch), steps_in_epoch
     except NonFiniteLoss as exc:
         raise UserError(
@@ -256,7 +257,7 @@ def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> None:
 def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:
     """Where training stands, with every rank's RNG state for the checkpoint (checkpoint.py says why).
     A collective under DDP: every rank gets here at the same point of the loop."""
-    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(), r.s.dist))
+    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(r.s.device), r.s.dist))
 
 
 def _should_end(r: _Run, epoch: int, result: EpochResult) -> bool:

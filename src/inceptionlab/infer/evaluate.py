@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from inceptionlab import hardware
 from inceptionlab.config import load_recipe
 from inceptionlab.data.datasets.imagefolder import RobustImageFolder
 from inceptionlab.data.loading.loaders import make_loader
@@ -113,7 +114,8 @@ def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.
                          pin_memory=device.type == "cuda", device=device)
     settings = StepSettings(device, precision, input_preparation(spec, False, device))
     task = make_task(spec.task, spec.num_classes)
-    result = evaluate(model, loader, task, settings, on_batch=recorder)
+    with hardware.gpu_settings(hardware.device_facts(device), precision):  # as training's validation ran
+        result = evaluate(model, loader, task, settings, on_batch=recorder)
     result["skipped"] = loader.skipped
     return result
 
