@@ -103,7 +103,7 @@ def bench(
 
     _announce(facts, precisions)  # after every option is checked: a bad one stays a one-line error
     report = run_bench(source, configs, settings, log=_log, on_rows=emit)
-    env = environment(target.device)
+    env = environment(target.device, gpu_settings=hardware.backends.record(facts))
     # Every option as parsed (defaults too, the output switches left out): rerunning it reproduces the row.
     command = options.canonical_command(ctx, skip=("as_json", "plot", "list_runtimes"))
     from inceptionlab.infer.bench import result_records

@@ -125,11 +125,14 @@ def read_splits(cfg: DataConfig, augment: AugmentConfig | None = None) -> SplitP
     val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)
     reader = _reader(cfg)
     root = reader.root(cfg)
+    # JPEGs decoded at a reduced scale as the decoded cache (training) and `evaluate` (validation) read them:
+    # every data path then validates on the pixels `evaluate`, `predict` and `serve` see.
+    max_sides = (cfg.cache_size, cfg.val_resize_size)
     listed = _file_rows(cfg, root)
     if listed is not None:
-        splits = labelled_file_splits(listed[0], root, train_tf, val_tf, listed[1])
+        splits = labelled_file_splits(listed[0], root, train_tf, val_tf, listed[1], max_sides=max_sides)
     else:
-        splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf)
+        splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf, max_sides=max_sides)
     if reader.labels is not None:
         splits.class_labels = reader.labels(root, splits.class_names)
     return splits
@@ -152,17 +155,17 @@ def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -
     root = _reader(cfg).root(cfg)
     listed = _file_rows(cfg, root)
     if listed is not None:
-        return _listed_split(listed[0], root, transform, split or "val")
-    return RobustImageFolder(root / (split or cfg.val_split), transform=transform)
+        return _listed_split(listed[0], root, transform, split or "val", cfg.val_resize_size)
+    return RobustImageFolder(root / (split or cfg.val_split), transform=transform, max_side=cfg.val_resize_size)
 
 
-def _listed_split(rows: list[LabelRow], root: Path, transform: Any, split: str) -> Any:
+def _listed_split(rows: list[LabelRow], root: Path, transform: Any, split: str, max_side: int | None) -> Any:
     from inceptionlab.data.datasets.imagefolder import LabelledFiles  # torchvision (~1.3 s): image folders only
 
     chosen = [row for row in rows if row.split == split]
     if not chosen:
         raise UserError(f"--split {split!r}: the data's split has {', '.join(sorted({r.split for r in rows}))}")
-    return LabelledFiles(chosen, sorted({row.label for row in rows}), root / split, transform)
+    return LabelledFiles(chosen, sorted({row.label for row in rows}), root / split, transform, max_side)
 
 
 # --- In-memory datasets: the original files are read into tensors once. ---------------------------
@@ -179,10 +182,15 @@ def _carve_validation(train: ArraySplit, cfg: DataConfig) -> tuple[ArraySplit, A
 
 
 def _array_pair(cfg: DataConfig, train: ArraySplit, test: ArraySplit) -> SplitPair:
+    """Validation carved out of train (`data.val_fraction`, the shipped recipes' 0.1) and the test split
+    scored once at the end; without a fraction, the guide's set-up: validation is the test split."""
     if cfg.val_fraction:
         train, val = _carve_validation(train, cfg)
         return SplitPair(train, val, train.class_names, test=test)
-    return SplitPair(train, test, train.class_names)  # the guide scores on the test split
+    pair = SplitPair(train, test, train.class_names)  # the guide scores on the test split
+    pair.notes.append("validating on the test split (data.val_fraction=null, the guide's set-up): best.pt and "
+                      "early stopping are chosen on test scores; set data.val_fraction=0.1 to hold out validation")
+    return pair
 
 
 def read_cifar10(cfg: DataConfig) -> SplitPair:

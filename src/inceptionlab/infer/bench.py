@@ -298,9 +298,13 @@ def run_bench(source: ModelSource, configs: list[Config], settings: BenchSetting
     reference = _Reference(source, report.sets)
     context = {"gflop_per_image": gflop_per_image(source.model, source.spec.input_shape)}
     baseline: dict[int, float] = {}
+    facts = hardware.device_facts(settings.target.device)
     for config in configs:
         try:
-            rows, verdict = _measure_config(config, artifacts, settings, reference, context, log)
+            # Every row with the cuDNN autotuner and TF32 its precision gets everywhere (hardware.backends):
+            # eager rows tuned as the engines they are compared with.
+            with hardware.gpu_settings(facts, config.precision):
+                rows, verdict = _measure_config(config, artifacts, settings, reference, context, log)
         except Unsupported as exc:
             report.skipped.append(Skipped(config, str(exc)))
             log(f"skipped {config.label}: {exc}")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from inceptionlab import hardware
 from inceptionlab.config import load_recipe
 from inceptionlab.data.datasets.file_list import recorded_split
 from inceptionlab.data.datasets.imagefolder import RobustImageFolder
@@ -136,7 +137,8 @@ def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.
                          pin_memory=device.type == "cuda", device=device)
     settings = StepSettings(device, precision, input_preparation(spec, False, device))
     task = make_task(spec.task, spec.num_classes)
-    result = evaluate(model, loader, task, settings, on_batch=recorder)
+    with hardware.gpu_settings(hardware.device_facts(device), precision):  # as training's validation ran
+        result = evaluate(model, loader, task, settings, on_batch=recorder)
     result["skipped"] = loader.skipped
     return result
 
@@ -180,7 +182,7 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
                         num_workers: int | None, tta: str | None = None) -> Evaluation:
     model, spec = load_pretrained_model(name, weights)
     root = data / "val" if (data / "val").is_dir() else data
-    dataset = RobustImageFolder(root, transform=spec.eval_transform())
+    dataset = RobustImageFolder(root, transform=spec.eval_transform(), max_side=spec.resize_size)
     mapping = map_folders_to_model(dataset.classes, spec, root)
     runner, mode = _tta_runner(model, spec, tta)
     recorder = LogitsRecorder()

@@ -363,6 +363,9 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
         opener = _text_opener(settings, run_dir)
     else:
         opener = _image_opener(settings, run_dir, model)
+    # The cuDNN autotuner and TF32 of this precision (hardware.backends), for the plan's measurement, the
+    # warm-up and every request after: the server's process runs this model until it exits.
+    hardware.apply_gpu_settings(hardware.device_facts(settings.device), opener.precision)
     decision = decide_plan(opener, settings)
     buckets = batch_buckets(decision.plan.max_batch)
     tta = served_tta(settings.tta, opener.spec, run_dir or model)
@@ -373,6 +376,8 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     started = time.perf_counter()
     warm_up(served)
     served.warmup_s = time.perf_counter() - started
+    # What ran, as the warm-up found it: a compiled model that fell back to eager says so (runtimes.py).
+    served.provider = next(iter(engines[0].sessions.values())).provider
     return served
 
 

@@ -11,6 +11,7 @@ Decisions (also in the README):
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +25,17 @@ from inceptionlab.errors import UserError
 
 
 class RobustImageFolder(ImageFolder):
-    """ImageFolder whose items are `(image, target)` or `None` for an undecodable file."""
+    """ImageFolder whose items are `(image, target)` or `None` for an undecodable file.
 
-    def __init__(self, root: Path, transform: Any = None):
+    `max_side`: JPEGs are decoded at the smallest reduced scale whose shorter side is still at least
+    this (PIL draft), as `predict`, `serve` and the decoded cache read them (the model's eval resize)."""
+
+    def __init__(self, root: Path, transform: Any = None, max_side: int | None = None):
         self.ignored_files: list[str] = []
         root = Path(root)
         _check_class_folders(root)
-        super().__init__(str(root), transform=transform, loader=load_rgb, is_valid_file=self._is_image)
+        loader = partial(load_rgb, max_side=max_side) if max_side else load_rgb
+        super().__init__(str(root), transform=transform, loader=loader, is_valid_file=self._is_image)
 
     def _is_image(self, path: str) -> bool:
         if path.lower().endswith(IMAGE_EXTENSIONS):
@@ -73,9 +78,11 @@ def check_same_classes(train_root: Path, train_classes: list[str], val_root: Pat
     )
 
 
-def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: Any, val_tf: Any) -> SplitPair:
-    train = RobustImageFolder(root / train_split, transform=train_tf)
-    val = RobustImageFolder(root / val_split, transform=val_tf)
+def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: Any, val_tf: Any,
+                        max_sides: tuple[int | None, int | None] = (None, None)) -> SplitPair:
+    """`max_sides`: the JPEG decoding hint (RobustImageFolder's `max_side`) of train and val."""
+    train = RobustImageFolder(root / train_split, transform=train_tf, max_side=max_sides[0])
+    val = RobustImageFolder(root / val_split, transform=val_tf, max_side=max_sides[1])
     check_same_classes(root / train_split, train.classes, root / val_split, val.classes)
     notes = []
     ignored = len(train.ignored_files) + len(val.ignored_files)
@@ -90,17 +97,19 @@ class LabelledFiles(RobustImageFolder):
     a folder of class folders; items as RobustImageFolder's. `root` names the data root and the split
     (`<root>/<split>`, which need not exist): the decoded cache keeps one file per split under it."""
 
-    def __init__(self, rows: list[LabelRow], classes: list[str], root: Path, transform: Any = None):
+    def __init__(self, rows: list[LabelRow], classes: list[str], root: Path, transform: Any = None,
+                 max_side: int | None = None):
         # No folder to scan: torchvision's VisionDataset set-up only, then the samples as given.
         VisionDataset.__init__(self, str(root), transform=transform)
-        self.loader, self.extensions, self.ignored_files = load_rgb, IMAGE_EXTENSIONS, []
+        self.loader = partial(load_rgb, max_side=max_side) if max_side else load_rgb
+        self.extensions, self.ignored_files = IMAGE_EXTENSIONS, []
         self.classes, self.class_to_idx = list(classes), {c: i for i, c in enumerate(classes)}
         self.samples = [(str(row.file), self.class_to_idx[row.label]) for row in rows]
         self.imgs, self.targets = self.samples, [label for _, label in self.samples]
 
 
-def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf: Any,
-                         note: str | None = None) -> SplitPair:
+def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf: Any, note: str | None = None,
+                         max_sides: tuple[int | None, int | None] = (None, None)) -> SplitPair:
     """Train and val datasets from rows whose `split` says which; the rows are recorded with the run."""
     classes = sorted({row.label for row in rows})
     parts = {name: [r for r in rows if r.split == name] for name in ("train", "val")}
@@ -114,10 +123,10 @@ def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf
     missing = sorted(set(classes) - {r.label for r in parts["train"]})
     if missing:
         raise UserError(f"{root}: class {missing[0]!r} has no training images; give it some, or remove it")
-    train = LabelledFiles(parts["train"], classes, Path(root) / "train", train_tf)
-    val = LabelledFiles(parts["val"], classes, Path(root) / "val", val_tf)
+    train = LabelledFiles(parts["train"], classes, Path(root) / "train", train_tf, max_sides[0])
+    val = LabelledFiles(parts["val"], classes, Path(root) / "val", val_tf, max_sides[1])
     test_rows = [r for r in rows if r.split == "test"]
-    test = LabelledFiles(test_rows, classes, Path(root) / "test", val_tf) if test_rows else None
+    test = LabelledFiles(test_rows, classes, Path(root) / "test", val_tf, max_sides[1]) if test_rows else None
     pair = SplitPair(train, val, classes, None, [note] if note else [], test=test)
     pair.artifacts[SPLITS_FILE] = splits_writer(rows, Path(root))
     return pair
