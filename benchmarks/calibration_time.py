@@ -2,8 +2,9 @@
 
 `train ... train.precision=auto train.channels_last=auto train.compile=auto` decides its speed settings
 before the first step: the probe rules candidates out, a timed calibration picks among the rest
-(hardware.py). A run of at least engine.speed.COMPILE_MIN_STEPS steps also gets torch.compile
-candidates where the probe allows them (NVIDIA GPUs). This script makes that decision as such a run
+(inceptionlab.hardware). A run of at least engine.speed.COMPILE_MIN_STEPS steps also gets torch.compile
+where the probe allows it (NVIDIA GPUs): decided by the probe, never timed (the candidates are timed
+eager, within the 20 s budget). This script makes that decision as such a run
 would, on a fresh speed cache, and prints one JSON object: the decision and its evidence, the wall time
 from the model's construction to the decision, and the GPU memory the process still holds after it (a
 calibration that keeps its buffers takes them from the resident data that the run places next).
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N")
     parser.add_argument("--recipe", default="inception_v3/tiny_imagenet")
     parser.add_argument("--steps", type=int, default=None, help="the run's length in steps (default: the "
-                                                                "shortest run that gets compile candidates)")
+                                                                "shortest run that gets torch.compile)")
     args = parser.parse_args(argv)
     # A cache of its own: the decision is measured afresh, and the user's cache is left alone.
     os.environ["INCEPTIONLAB_CACHE"] = tempfile.mkdtemp(prefix="calibration-cache-")

@@ -11,16 +11,20 @@ the package's own `prepare_tiny_imagenet`, read by the `tiny_imagenet` reader):
   of its two source rows (bf16 where the device has bf16 units, else fp32; `auto`'s layout). The
   one-off cache build is reported apart;
 - stream: `data.loader=stream` (for folders too big to cache): decoded in `--workers` processes into
-  fixed-size uint8 batches (batch, 3, cache_size, cache_size), then the resident path's crop + flip +
-  normalise on the device. With 64 px images padded to 342 px this moves and resamples ~28x the pixels
-  the resident row does: the path is meant for large images that do not fit, not for tiny-imagenet.
+  uint8 batches padded to their largest image, then the resident path's crop + flip + normalise on
+  the device.
+
+`--photos N` measures the same rows on N photo-sized JPEGs written for the run (1024 x 768 and
+768 x 1024, half each, classes by colour) read by the `imagefolder` reader: the cache keeps them at
+456 x 342 (the shorter side at Inception's eval resize 342, portraits turned), so the resident and
+stream rows resample 342 x 456 sources instead of 64 x 64 ones.
 
 Each row: `--warmup` batches (worker start-up), then `--batches` timed batches, device synchronised.
 The guide's row runs on the C library's default heap, as its script would; the package's rows run with
 freed blocks kept for reuse, as `inceptionlab train` does (`host.keep_freed_memory`).
 
     python benchmarks/data_throughput.py [--data /work/shared/data/tiny-imagenet-200] [--batch 64]
-        [--batches 20] [--workers 2] [--json]
+        [--batches 20] [--workers 2] [--photos N] [--json]
 """
 
 from __future__ import annotations
@@ -55,6 +59,24 @@ def copy_dataset(source: Path, into: Path) -> Path:
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("test"))
     prepare_tiny_imagenet(into, progress=False)
     return target
+
+
+def write_photos(into: Path, count: int) -> Path:
+    """`count` JPEGs of 1024 x 768 and 768 x 1024 in two class folders of train/ (and one val image each)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    root = into / "photos"
+    for split, number in (("train", count), ("val", 2)):
+        for n in range(number):
+            name = ("sea", "sand")[n % 2]
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            size = (768, 1024) if n % 4 < 2 else (1024, 768)  # (height, width): both orientations
+            pixels = rng.integers(0, 60, (*size, 3), dtype=np.uint8) + np.uint8(150 if name == "sea" else 40)
+            Image.fromarray(pixels).save(folder / f"{n}.jpg", quality=90)
+    return root
 
 
 def cpu_seconds() -> float:
@@ -101,7 +123,9 @@ def guide_batches(train_dir: Path, batch: int, workers: int) -> Iterable:
 
 def package_loader(root: Path, mode: str, batch: int, workers: int, device: torch.device,
                    cache_size: int = 342) -> Any:
+    reader = "tiny_imagenet" if root.name == "tiny-imagenet-200" else "imagefolder"
     recipe = load_recipe("inception_v3/tiny_imagenet", [f"data.root={root}", f"data.loader={mode}",
+                                                        f"data.reader={reader}",
                                                         f"data.num_workers={workers}", "train.precision=auto",
                                                         "train.channels_last=auto", f"train.batch_size={batch}",
                                                         f"data.cache_size={cache_size}"])
@@ -120,6 +144,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--photos", type=int, default=0, help="measure on this many photo-sized JPEGs instead")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -139,7 +164,7 @@ def main() -> None:
 
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root = copy_dataset(args.data, Path(tmp))
+        root = write_photos(Path(tmp), args.photos) if args.photos else copy_dataset(args.data, Path(tmp))
         rows["guide"] = timed(lambda: guide_batches(root / "train", args.batch, args.workers), args.warmup,
                               args.batches, lambda x: delivered(x.to(device)))
         # The guide's script runs on the C library's default heap; `inceptionlab` keeps freed blocks
@@ -155,18 +180,22 @@ def main() -> None:
         rows["resident"]["cache_build_seconds"] = cache_seconds
         rows["stream"] = timed(lambda: package_loader(root, "stream", args.batch, args.workers, device),
                                args.warmup, args.batches, delivered)
-        # The same path with data.cache_size=64: tiny-imagenet's 64 px images fill the fixed-size batch,
-        # as a folder of large JPEGs fills the default 342 (the row above pads 64 px to 342 px).
-        rows["stream@64"] = timed(lambda: package_loader(root, "stream", args.batch, args.workers, device, 64),
-                                  args.warmup, args.batches, delivered)
+        if not args.photos:
+            # The same path with data.cache_size=64 (tiny-imagenet's own size): the row the earlier
+            # fixed-size batches (cache_size^2 of padding) needed; with batches padded to their images it
+            # should equal the row above.
+            rows["stream@64"] = timed(lambda: package_loader(root, "stream", args.batch, args.workers, device, 64),
+                                      args.warmup, args.batches, delivered)
     guide = rows["guide"]["images_per_s"]
     for name, row in rows.items():
         row["pipeline"] = name
         row["vs_guide"] = row["images_per_s"] / guide
         row["cpu_vs_guide"] = rows["guide"]["cpu_ms_per_image"] / row["cpu_ms_per_image"]
-    write_result("data_throughput", list(rows.values()), device=str(device),
+    source = (f"{args.photos} photo-sized JPEGs (1024 x 768, both orientations)" if args.photos
+              else "64 px tiny-imagenet images")
+    write_result("data_throughput" + ("_photos" if args.photos else ""), list(rows.values()), device=str(device),
                  settings={**{k: str(v) for k, v in vars(args).items()}, "package_heap": heap},
-                 title=f"Normalised 299 px training batches of {args.batch} from 64 px tiny-imagenet images, "
+                 title=f"Normalised 299 px training batches of {args.batch} from {source}, "
                        f"{args.workers} DataLoader workers",
                  columns=[("pipeline", "pipeline"), ("images_per_s", "img/s", ".1f"), ("vs_guide", "vs the guide's", ".2f"),
                           ("cpu_ms_per_image", "CPU ms per image", ".2f"),

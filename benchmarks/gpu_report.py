@@ -9,7 +9,7 @@ add up to TOTAL_BUDGET_S):
 3. `sync-debug`: the GPU-marked tests named `sync_debug` (and the augmentation step's): training and
    evaluation epochs on the resident and stream paths under `torch.cuda.set_sync_debug_mode("error")`
    (NAMED_TESTS);
-4. `calibration`: the speed calibration a long run makes, compile candidates included, timed end to
+4. `calibration`: the speed calibration a long run makes (compile decided by the probe), timed end to
    end: its decision, time and the GPU memory it leaves held (calibration_time.py);
 5. `gpu-tests`: the other GPU-marked tests (`pytest -m gpu`), with a line per named check (CHECKS:
    resume of a GPU checkpoint, one cuDNN setting everywhere, ...);
@@ -342,7 +342,7 @@ def plan(machine: Machine, data: Path, work: Path, dry_run: bool = False) -> lis
                                              ".gpu-data; or --data)"),
         *[pytest_part(name, title, ["-m", "gpu", "-k", keyword], work)
           for name, (keyword, title) in NAMED_TESTS.items()],
-        Part("calibration", "the calibration of a long Inception v3 run, compile candidates included, end to end",
+        Part("calibration", "the calibration of a long Inception v3 run (compile by the probe), end to end",
              [py, str(BENCHMARKS / "calibration_time.py"), "--device", "cuda",
               "--recipe", "inception_v3/tiny_imagenet"],
              parse_calibration),

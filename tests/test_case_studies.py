@@ -43,7 +43,8 @@ def test_cifar10_recipe_reports_per_class_accuracy_and_round_trips(cifar_root, t
     assert len(summary["last"]["per_class"]) == 10 and "airplane" in summary["last"]["per_class"]
     assert (run / "plots" / "samples.png").is_file()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["samples"] == 150 and rows[0]["val_samples"] == 50
+    # 150 training images: 15 held out for validation, 135 trained on in full batches of 4 (132)
+    assert rows[0]["samples"] == 132 and rows[0]["val_samples"] == 15 and summary["test"]["samples"] == 50
     # Saved, loaded, same predictions: evaluating model.pt reproduces the training run's numbers.
     evaluated = cli("evaluate", run, "--json")
     assert evaluated.code == 0, evaluated.err
@@ -53,7 +54,7 @@ def test_cifar10_recipe_reports_per_class_accuracy_and_round_trips(cifar_root, t
     png = tmp_path / "one.png"
     Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(png)
     predicted = cli("predict", "--run", run, png, "--json")
-    assert predicted.code == 0 and json.loads(predicted.out)["topk"][0]["label"] in report["per_class"]
+    assert predicted.code == 0 and json.loads(predicted.out)["topk"][0]["label"] in summary["test"]["per_class"]
 
 
 def test_cifar10_guide_values():
@@ -124,8 +125,9 @@ def test_imdb_run_has_vocabulary_test_score_and_curves(imdb_run):
     assert "top5" not in summary["last"]  # meaningless for two classes
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train_reviews = sum(1 for label in ("neg", "pos") for _ in (imdb_run.data / "aclImdb" / "train" / label).glob("*.txt"))
-    assert rows[0]["samples"] + rows[0]["val_samples"] == train_reviews  # 80/20 of the train split
-    assert rows[0]["val_samples"] == round(train_reviews * 0.2)
+    assert rows[0]["val_samples"] == round(train_reviews * 0.2)  # 80/20 of the train split
+    trained = train_reviews - rows[0]["val_samples"]
+    assert rows[0]["samples"] == trained - trained % 32  # full batches of 32 only
     assert (run / "plots" / "loss.png").is_file() and (run / "plots" / "accuracy.png").is_file()
 
 

@@ -204,16 +204,19 @@ def test_cache_is_reused_and_rebuilt_when_a_file_changes(folder, monkeypatch):
     assert rebuilt.images[index, :, 0, 0].tolist() == [1, 2, 3]
 
 
-def test_large_images_shrink_to_cache_size_keeping_aspect(tmp_path):
+def test_large_images_shrink_to_keep_their_shorter_side_at_the_cache_size(tmp_path):
     data = make_image_folder(tmp_path / "d", train_per_class=1, val_per_class=1, size=24)
     from PIL import Image
 
     Image.new("RGB", (80, 40), (9, 9, 9)).save(data / "train" / "cat" / "wide.png")
+    Image.new("RGB", (40, 200), (9, 9, 9)).save(data / "train" / "cat" / "tall.png")  # beyond 2:1: the longer side decides
     split = RobustImageFolder(data / "train")
     cache = decoded_cache.load_or_build(split.samples, data / "train", 32)
-    index = [path for path, _ in split.samples].index(str(data / "train" / "cat" / "wide.png"))
-    assert (int(cache.heights[index]), int(cache.widths[index])) == (16, 32)
-    assert cache.images.shape[-2:] == (24, 32)
+    paths = [path for path, _ in split.samples]
+    wide, tall = paths.index(str(data / "train" / "cat" / "wide.png")), paths.index(str(data / "train" / "cat" / "tall.png"))
+    assert (int(cache.heights[wide]), int(cache.widths[wide])) == (32, 64)
+    assert (int(cache.heights[tall]), int(cache.widths[tall])) == (64, 13)  # stored turned: 13 x 64
+    assert cache.images.shape[-2:] == (32, 64)
 
 
 def test_corrupt_files_are_counted_and_named(folder):
@@ -224,7 +227,7 @@ def test_corrupt_files_are_counted_and_named(folder):
     assert isinstance(loader, ResidentImageLoader)
     assert loader.skipped == [str(broken)]
     loader.set_epoch(0)
-    assert sum(len(t) for _, t in loader) == 15  # the 15 readable images, the broken one left out
+    assert sum(len(t) for _, t in loader) == 12  # the 15 readable images, the broken one left out: 3 full batches
 
 
 def test_auto_picks_resident_when_it_fits_and_stream_otherwise(folder, monkeypatch):
@@ -260,7 +263,7 @@ def test_mid_epoch_start_replays_the_same_batches(folder):
     full = list(loader)
     loader.set_epoch(2, start=8)
     tail = list(loader)
-    assert len(full) == 4 and len(tail) == 2
+    assert len(full) == 3 and len(tail) == 1  # 15 images: 3 full batches (training drops the partial one)
     for (x, y), (u, v) in zip(full[2:], tail):
         assert torch.equal(x, u) and torch.equal(y, v)
     loader.set_epoch(3)

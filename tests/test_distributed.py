@@ -131,3 +131,50 @@ def test_each_ranks_loader_workers_draw_their_own_random_numbers():
         drawn.append(torch.cat([inputs for inputs, _ in loader]).flatten().tolist())
     assert len(drawn[0]) == len(drawn[1]) == 8
     assert all(a != b for a, b in zip(*drawn)), "the ranks' workers drew the same numbers"
+
+
+CACHE_HELPER = Path(__file__).parent / "helpers" / "ddp_cache_build.py"
+
+
+def test_one_rank_decodes_the_image_cache_and_the_other_waits_and_loads_it(tmp_path):
+    """Under torchrun every rank decoded the whole split and wrote the same cache file."""
+    data = make_image_folder(tmp_path / "data", train_per_class=40, val_per_class=1, size=32)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(CACHE_HELPER),
+           str(out), str(data)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert sorted(rank["decoded"] for rank in ranks) == [0, 1]
+    assert ranks[0]["images"] == ranks[1]["images"] == 120 and ranks[0]["pixels"] == ranks[1]["pixels"]
+
+
+def test_host_memory_and_shared_memory_budgets_are_shared_by_the_local_ranks(monkeypatch):
+    from inceptionlab.data.loading import resident
+    from inceptionlab.data.loading.shared_memory import fit_workers
+
+    monkeypatch.setattr(resident, "available_host_bytes", lambda: 4_000)
+    cpu = torch.device("cpu")
+    assert resident.placement(900, cpu) == cpu  # a quarter of 4,000 bytes
+    assert resident.placement(900, cpu, sharers=2) is None  # two processes on the node: an eighth each
+    assert resident.placement(400, cpu, sharers=2) == cpu
+    space = lambda: (10_000, 10_000)  # noqa: E731
+    assert fit_workers(4, 2, 1_000, what="test", space=space) == 4  # 9 batches of 1,000 bytes fit
+    assert fit_workers(4, 2, 1_000, what="test", space=space, sharers=2) == 2  # in 5,000 bytes: 5 batches
+
+
+NONFINITE_HELPER = Path(__file__).parent / "helpers" / "ddp_nonfinite.py"
+
+
+def test_a_nan_on_one_rank_stops_every_rank_with_the_same_message(tmp_path):
+    """Rank 1's loss turns NaN, rank 0's does not: both stop at the same log point with one message
+    (raised on rank 1 alone, rank 0 waited in its next collective until the process group's timeout)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(NONFINITE_HELPER),
+           str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    zero, one = ((tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1))
+    assert zero == one == "loss is nan at step 8 on rank 1"

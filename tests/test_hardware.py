@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from inceptionlab import hardware
+from inceptionlab.errors import UserError
 from inceptionlab.hardware import AUTO, Candidate, DeviceFacts, SpeedCache, Wanted
 
 ZEN3 = DeviceFacts("cpu", "AMD EPYC (Zen 3)", "AVX2", bf16=False, fp16=False)
@@ -161,6 +162,88 @@ def test_the_calibration_shares_its_time_bound_among_the_candidates():
     assert decision.seconds == pytest.approx(20.0)
 
 
+def test_a_spent_calibration_budget_runs_nothing_more():
+    """The bound holds once spent: later candidates are not run at all (the old share of zero still ran a
+    warm-up and two timed steps each), and they are reported as not timed, never as failed."""
+    now, calls = [0.0], []
+
+    def measure(candidate: Candidate, seconds: float) -> float:
+        calls.append(candidate.label)
+        now[0] += 25.0  # one slow candidate uses the whole 20 s and more
+        return 10.0
+
+    candidates = [Candidate("fp32", False), Candidate("fp32", True), Candidate("bf16", False), Candidate("bf16", True)]
+    decision = hardware.decide(candidates, measure, budget_s=20.0, clock=lambda: now[0])
+    assert calls == ["fp32 nchw"] and decision.choice == hardware.SAFE
+    assert decision.ruled_out["bf16 channels_last"].startswith("not timed: the calibration's 20 s were spent")
+
+
+def test_time_steps_with_no_time_left_runs_nothing():
+    ran: list[int] = []
+    assert hardware.time_steps(lambda: ran.append(1), batch=8, seconds=0.0) is None
+    assert ran == []
+
+
+def test_compile_is_decided_by_the_probe_and_never_timed():
+    """Timing torch.compile costs its own compile (minutes for Inception v3): the probe decides it, the
+    candidates are timed eager, and the choice carries the probe's compile."""
+    timed: list[Candidate] = []
+
+    def measure(candidate: Candidate, seconds: float) -> float:
+        timed.append(candidate)
+        return {"fp32 nchw": 10.0, "fp32 channels_last": 30.0}.get(candidate.label, 5.0)
+
+    candidates, reasons = hardware.plan_candidates(SM90, Wanted(), training=True, long_run=True, env={})
+    decision = hardware.decide(candidates, measure, ruled_out=reasons)
+    assert timed and not any(c.compile for c in timed)
+    assert decision.choice == Candidate("fp32", True, compile=True) and "compile" not in " ".join(decision.img_per_s)
+    pinned, _ = hardware.plan_candidates(ZEN4, Wanted(compile=True), training=True, env={})
+    timed.clear()
+    assert hardware.decide(pinned, measure).choice.compile and not any(c.compile for c in timed)
+
+
+def test_a_baseline_that_runs_out_of_memory_is_never_chosen():
+    """fp32 NCHW at a batch sized for bf16: the best candidate that ran is chosen, and the line says why."""
+    def measure(candidate: Candidate, seconds: float) -> float | None:
+        if candidate.precision == "fp32":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {"bf16 nchw": 50.0, "bf16 channels_last": 80.0}[candidate.label]
+
+    candidates, reasons = hardware.plan_candidates(SM90, Wanted(compile=False), training=True, env={})
+    decision = hardware.decide(candidates, measure, ruled_out=reasons)
+    assert decision.choice == Candidate("bf16", True)
+    assert "fp32 nchw could not run (out of memory" in decision.line()
+    assert decision.ruled_out["fp32 nchw"].startswith("out of memory")
+
+
+def test_when_no_candidate_runs_the_error_says_why():
+    def measure(candidate: Candidate, seconds: float) -> float | None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    candidates, reasons = hardware.plan_candidates(SM90, Wanted(compile=False), training=True, env={})
+    with pytest.raises(UserError, match=r"no speed setting could run here \(fp32 nchw: out of memory"):
+        hardware.decide(candidates, measure, ruled_out=reasons)
+
+
+def test_memory_is_given_back_after_an_out_of_memory_candidate(monkeypatch):
+    """The failed candidate's tensors are gone (its traceback released) before the cache is emptied."""
+    import weakref
+
+    held: list[weakref.ref] = []
+    emptied: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(held[0]() is None))
+
+    def measure(candidate: Candidate, seconds: float) -> float | None:
+        if candidate.precision == "bf16":
+            activations = torch.zeros(1000)
+            held.append(weakref.ref(activations))
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return 10.0
+
+    hardware.decide([Candidate("fp32", False), Candidate("bf16", False)], measure)
+    assert emptied == [True]
+
+
 # ------------------------------------------------------------------------------- the cache
 
 
@@ -207,6 +290,26 @@ def test_fresh_measures_again_and_only_missing_candidates_are_timed(tmp_path: Pa
     hardware.decide(both, fake_measure({"fp32 nchw": 1, "fp32 channels_last": 2, "bf16 channels_last": 5}, calls),
                     key=_key(), cache=cache, fresh=True)
     assert len(calls) == 3
+
+
+def test_a_failed_candidate_is_cached_with_its_reason_so_auto_stays_the_same(tmp_path: Path):
+    cache = SpeedCache(tmp_path)
+    calls: list[str] = []
+
+    def measure(candidate: Candidate, seconds: float) -> float | None:
+        calls.append(candidate.label)
+        if candidate.precision == "bf16":
+            raise RuntimeError("no bf16 kernel for this convolution")
+        return {"fp32 nchw": 10.0, "fp32 channels_last": 30.0}[candidate.label]
+
+    candidates, _ = hardware.plan_candidates(ZEN4, Wanted(compile=False), training=True, env={})
+    first = hardware.decide(candidates, measure, key=_key(), cache=cache)
+    calls.clear()
+    again = hardware.decide(candidates, measure, key=_key(), cache=cache)
+    assert calls == [] and again.source == "cached" and again.choice == first.choice == Candidate("fp32", True)
+    assert again.ruled_out["bf16 nchw"] == "failed: RuntimeError: no bf16 kernel for this convolution"
+    hardware.decide(candidates, measure, key=_key(), cache=cache, fresh=True)
+    assert len(calls) == 4  # --fresh (doctor --calibrate) tries the failed ones again
 
 
 def test_an_unreadable_cache_file_is_measured_again(tmp_path: Path):

@@ -52,7 +52,7 @@ CASES = [  # (backend, precision, layout, tolerance relative to the largest logi
     ("eager", "fp32", "nchw", 1e-5, r"torch eager cpu fp32"),
     ("eager", "fp32", "channels_last", 1e-5, r"torch eager cpu fp32"),
     ("eager", "bf16", "channels_last", 3e-2, r"torch eager cpu autocast bf16"),  # bf16: 8 mantissa bits, ~0.4%/op
-    ("compile", "fp32", "nchw", 1e-4, r"torch\.compile \(default, inductor\) cpu fp32"),
+    ("compile", "fp32", "nchw", 1e-4, r"torch\.compile \(default, (dynamic|static) batch, inductor\) cpu fp32"),
     ("onnxruntime", "fp32", "native", 1e-5, r"CPUExecutionProvider"),
     ("openvino", "fp32", "native", 1e-5, r"OpenVINO [0-9.]+ CPU fp32"),
     ("openvino", "bf16", "native", 3e-2, r"OpenVINO [0-9.]+ CPU bf16"),
@@ -132,8 +132,81 @@ def test_a_silent_fallback_to_cpu_is_caught(tiny, monkeypatch):
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime really has the CUDA provider")
     monkeypatch.setattr(runtimes, "ort_installed_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr(hardware, "device_facts", lambda device: hardware.gpu_facts_from("H100", "cuda", 9, 0))
     with pytest.raises(UserError, match="fell back from CUDAExecutionProvider to CPUExecutionProvider"):
         RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cuda", "cuda"), batch=1)
+
+
+class FakeOrt:
+    """onnxruntime's surface as OrtSession uses it, recording which device each call names."""
+
+    __version__ = "0.0-fake"
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        fake = self
+
+        class SessionOptions:
+            pass
+
+        class GraphOptimizationLevel:
+            ORT_ENABLE_ALL, ORT_DISABLE_ALL = 99, 0
+
+        class Binding:
+            def bind_ortvalue_input(self, name, value):
+                fake.calls.append(("input", name, value))
+
+            def bind_output(self, name, device_type="cpu", device_id=0):
+                fake.calls.append(("output", name, device_type, device_id))
+
+            def get_outputs(self):
+                return ["logits"]
+
+        class InferenceSession:
+            def __init__(self, path, options, providers):
+                fake.calls.append(("providers", providers))
+                self.providers = providers
+
+            def get_providers(self):
+                return [self.providers[0][0]]
+
+            def io_binding(self):
+                return Binding()
+
+            def run_with_iobinding(self, binding):
+                fake.calls.append(("run",))
+
+        class OrtValue:
+            @staticmethod
+            def ortvalue_from_numpy(array, device_type="cpu", device_id=0):
+                fake.calls.append(("place", device_type, device_id))
+                return array
+
+        self.SessionOptions, self.GraphOptimizationLevel = SessionOptions, GraphOptimizationLevel
+        self.InferenceSession, self.OrtValue = InferenceSession, OrtValue
+
+
+def test_onnxruntime_gpu_providers_run_on_the_devices_gpu_not_gpu_0(tiny, tmp_path, monkeypatch):
+    """--device cuda:1: every provider's device_id, the input placed and the output bound on GPU 1."""
+    import inceptionlab.infer.runtimes as runtimes
+
+    monkeypatch.setattr(hardware, "device_facts", lambda device: hardware.gpu_facts_from("H100", "cuda", 9, 0))
+    for name in ("cuda", "tensorrt", "migraphx"):
+        options = runtimes.ORT_PROVIDERS[name].options("fp32", tmp_path, Target("cuda:1"), "images:2x3x32x32")
+        assert options["device_id"] == "1", name
+    cuda = runtimes.ORT_PROVIDERS["cuda"].options
+    # cuDNN as PyTorch's rows get it on this GPU (hardware.backends): the autotuner, TF32 for fp32 only.
+    assert cuda("fp32", tmp_path, Target("cuda:1"), "")["cudnn_conv_algo_search"] == "EXHAUSTIVE"
+    assert (cuda("fp32", tmp_path, Target("cuda:1"), "")["use_tf32"], cuda("fp16", tmp_path, Target("cuda:1"), "")[
+        "use_tf32"]) == ("1", "0")
+    fake = FakeOrt()
+    monkeypatch.setattr(runtimes, "import_onnxruntime", lambda: fake)
+    monkeypatch.setattr(runtimes, "ort_installed_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    session = RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target("cuda:1", "cuda"), batch=2)
+    session.run(session.place(random_inputs(2, (3, 32, 32))))
+    [(_, providers)] = [call for call in fake.calls if call[0] == "providers"]
+    assert providers[0][0] == "CUDAExecutionProvider" and providers[0][1]["device_id"] == "1"
+    assert ("place", "cuda", 1) in fake.calls and ("output", "logits", "cuda", 1) in fake.calls
 
 
 def test_onnxruntime_reuses_its_optimized_graph_from_disk(tiny):
@@ -157,6 +230,92 @@ def test_each_compiled_model_keeps_its_own_inductor_cache_and_the_environment_is
         assert [p for p in (artifacts.cache / "inductor").rglob("*.py") if p.is_file()], artifacts.cache
     # Not set to a model's cache for the rest of the process (torch may set its own default there).
     assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") not in {str(a.cache / "inductor") for a in (first, second)}
+
+
+class CountingCompiles:
+    """torch._inductor's compile_fx replaced by the graph as traced (no code generation: a second, not a
+    minute), counting graphs and recording the config patches each was compiled with."""
+
+    def __init__(self, monkeypatch):
+        import torch._inductor.compile_fx as compile_fx
+
+        self.graphs: list[tuple[int, ...]] = []
+        self.patches: list[dict] = []
+        monkeypatch.setattr(compile_fx, "compile_fx", self)
+
+    def __call__(self, graph, example_inputs, config_patches=None):
+        self.graphs.append(tuple(example_inputs[0].shape) if example_inputs else ())
+        self.patches.append(dict(config_patches or {}))
+        return graph.forward
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_one_compile_per_configuration_shared_by_every_session(tmp_path, monkeypatch, fresh_dynamo):
+    """Instances, buckets, serving plans and the agreement check open sessions of one configuration:
+    compiled once, not once per session (each compile used to add graphs until dynamo's limit)."""
+    tiny = tiny_artifacts(tmp_path, 0)  # its own model: compiled configurations are kept per model
+    compiled: list[object] = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: compiled.append(model) or real(model, **kwargs))
+    counting = CountingCompiles(monkeypatch)
+    # Dynamo also guards on torch's thread count: a plan's instances share one count, as here.
+    sessions = [RUNTIMES["compile"].open(tiny, "fp32", "nchw", Target("cpu", threads=1), batch) for batch in (1, 4, 8)]
+    for session in sessions:
+        for batch in (1, 2, 4, 8):
+            session.run(session.place(random_inputs(batch, (3, 32, 32))))
+    assert len(compiled) == 1
+    assert len(counting.graphs) <= 2  # batch 1, then one graph for every larger batch (dynamic batch)
+    assert all(patch.get("freezing") is True for patch in counting.patches)  # per compile, not per call
+    RUNTIMES["compile"].open(tiny, "bf16", "nchw", Target("cpu"), 4)
+    assert len(compiled) == 2  # another precision is another configuration
+
+
+def test_the_batch_dimension_is_compiled_as_hardware_decides(tmp_path, monkeypatch, fresh_dynamo):
+    tiny = tiny_artifacts(tmp_path, 0)  # its own model: compiled configurations are kept per model
+    counting = CountingCompiles(monkeypatch)
+    monkeypatch.setattr(hardware, "compile_dynamic_batch", lambda facts: (False, "static, for this test"))
+    session = RUNTIMES["compile"].open(tiny, "fp32", "channels_last", Target("cpu"), 4)
+    for batch in (1, 2, 4):
+        session.run(session.place(random_inputs(batch, (3, 32, 32))))
+    assert len(counting.graphs) == 3 and "static batch" in session.provider  # a graph per batch size
+
+
+def test_running_a_compiled_session_touches_no_process_wide_inductor_setting(tmp_path, monkeypatch, fresh_dynamo):
+    """Sessions run in several threads: a config.patch around each call changed the setting for every
+    thread at once (and an exit restored it under another thread's compile)."""
+    tiny = tiny_artifacts(tmp_path, 0)  # its own model: compiled configurations are kept per model
+    CountingCompiles(monkeypatch)
+    session = RUNTIMES["compile"].open(tiny, "fp32", "nchw", Target("cpu"), 2)
+    session.run(session.place(random_inputs(2, (3, 32, 32))))  # compiled here
+
+    def patch(*args, **kwargs):
+        raise AssertionError("a process-wide setting was patched at run time")
+
+    monkeypatch.setattr(type(torch._inductor.config), "patch", patch)  # the class of every torch config module
+    assert session.run(session.place(random_inputs(2, (3, 32, 32)))).shape == (2, 10)
+
+
+def test_a_fallback_to_eager_is_said_and_shown_in_the_provider(tmp_path, monkeypatch, caplog, fresh_dynamo):
+    tiny = tiny_artifacts(tmp_path, 0)  # its own model: compiled configurations are kept per model
+    import inceptionlab.infer.runtimes as runtimes
+
+    CountingCompiles(monkeypatch)
+    monkeypatch.setattr(runtimes, "RECOMPILE_LIMIT", 1)  # one graph allowed: the second batch size falls back
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # torch without per-compile limits
+    session = RUNTIMES["compile"].open(tiny, "fp32", "nchw", Target("cpu"), 4)
+    session.run(session.place(random_inputs(1, (3, 32, 32))))
+    assert "fell back" not in session.provider
+    with caplog.at_level("WARNING", logger="inceptionlab.infer.runtimes"):
+        output = session.run(session.place(random_inputs(4, (3, 32, 32))))
+    assert output.shape == (4, 10)  # eager still answers
+    assert "fell back to eager" in session.provider
+    assert any("fell back to eager" in record.getMessage() for record in caplog.records)
 
 
 def signal_stack() -> tuple[int | None, int]:
@@ -293,3 +452,32 @@ def test_onnxruntime_gpu_provider_really_runs_on_the_gpu(tiny):
     inputs = random_inputs(4, (3, 32, 32))
     want = torch_logits(tiny.source.model, inputs)
     assert np.abs(session.predict(inputs) - want).max() <= 1e-3 * np.abs(want).max()
+
+
+@gpu
+def test_onnxruntime_runs_on_the_last_gpu_when_asked(tiny):
+    """--device cuda:N with N the last visible GPU (N > 0 on a multi-GPU host): ORT's device_id follows it."""
+    last = f"cuda:{torch.cuda.device_count() - 1}"
+    try:
+        choose_ort_provider(Target(last))
+    except UserError as exc:
+        pytest.skip(str(exc))
+    session = RUNTIMES["onnxruntime"].open(tiny, "fp32", "native", Target(last), batch=2)
+    inputs = random_inputs(4, (3, 32, 32))
+    want = torch_logits(tiny.source.model, inputs)
+    assert np.abs(session.predict(inputs) - want).max() <= 1e-3 * np.abs(want).max()
+    assert session.io_device_id == (torch.cuda.device_count() - 1 if session.io_device == "cuda" else 0)
+
+
+@gpu
+def test_compiled_serving_on_the_gpu_compiles_once_for_every_bucket_without_falling_back(tmp_path, fresh_dynamo):
+    tiny = tiny_artifacts(tmp_path, 0)
+    sessions = [RUNTIMES["compile"].open(tiny, "fp32", "channels_last", Target("cuda"), 8) for _ in range(2)]
+    inputs = random_inputs(8, (3, 32, 32))
+    want = torch_logits(tiny.source.model, inputs)
+    for session in sessions:
+        for batch in (1, 2, 4, 8):
+            got = session.to_numpy(session.run(session.place(inputs[:batch])))
+            assert np.abs(got - want[:batch]).max() <= 1e-2 * np.abs(want).max()
+    assert sessions[0].compiled is sessions[1].compiled
+    assert not sessions[0].compiled.fell_back and "fell back" not in sessions[1].provider

@@ -15,15 +15,15 @@ from inceptionlab.data.loading.decoded_cache import decode_to_fit
 from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import Loader, make_loader
 from inceptionlab.data.loading.resident import ResidentImageLoader, ResidentLoader
-from inceptionlab.data.loading.streamed import PadToFixed, StreamImageLoader
+from inceptionlab.data.loading.streamed import PadBatch, StreamImageLoader
 from inceptionlab.data.loading.workers import SkipTrackingLoader
 from inceptionlab.data.splits import ArraySplit
 
-CACHE = 48  # the decode bound: the big JPEG below is shrunk to fit, the PNGs stay exact
-# (height, width) per image: 7 per class, 2 classes; none is square-padded to CACHE x CACHE, so the
-# resident cache pads to (48, 40) while the stream loader pads every batch to (48, 48).
+CACHE = 48  # the shorter side kept: the big JPEG below is shrunk to it, the PNGs stay exact
+# (height, width) per image: 7 per class, 2 classes, portraits among them (stored turned on their side):
+# the resident cache pads to (48, 64) (the big JPEG's stored sides), the stream loader each batch to its own.
 SIZES = [(20, 20), (24, 16), (13, 30), (40, 40), (31, 22), (17, 17), (36, 12)]
-BIG = (160, 120)  # JPEG, larger than CACHE: PIL draft decodes it at 1/2 scale, then it shrinks to 48 x 36
+BIG = (160, 120)  # JPEG, larger than CACHE: PIL draft decodes it at 1/2 scale (80 x 60), then it shrinks to 64 x 48
 
 
 def make_mixed_folder(root: Path) -> Path:
@@ -68,7 +68,7 @@ def assert_same_batches(a, b) -> None:
 
 def test_decode_to_fit_shrinks_a_large_jpeg_keeping_its_aspect(folder):
     image = decode_to_fit(str(folder / "ant" / "big.jpg"), CACHE)
-    assert image.dtype == torch.uint8 and tuple(image.shape) == (3, 48, 36)
+    assert image.dtype == torch.uint8 and tuple(image.shape) == (3, 64, 48)  # upright, the shorter side at 48
     small = decode_to_fit(str(folder / "ant" / "ant_2.png"), CACHE)
     assert tuple(small.shape) == (3, 13, 30)  # fits already: decoded exactly
     broken = folder / "bee" / "broken.jpg"
@@ -81,8 +81,8 @@ def test_decode_to_fit_shrinks_a_large_jpeg_keeping_its_aspect(folder):
 def test_stream_batches_equal_resident_batches(folder, train):
     resident, stream = loaders(folder, train, hflip=True)
     assert isinstance(resident, ResidentImageLoader) and isinstance(stream, StreamImageLoader)
-    assert resident.images.shape[-2:] == (48, 40)  # the padding differs from the stream loader's 48 x 48
-    assert len(stream) == len(resident) == 4
+    assert resident.images.shape[-2:] == (48, 64)  # the padding differs from the stream loader's batches'
+    assert len(stream) == len(resident) == (3 if train else 4)  # 15 images: training drops the partial batch
     for number in (0, 1):
         assert_same_batches(epoch(resident, number), epoch(stream, number))
     assert stream.yields_normalised and stream.skipped == []
@@ -99,7 +99,7 @@ def test_mid_epoch_start_yields_the_rest_of_the_epoch(folder):
     _, stream = loaders(folder, train=True, hflip=True)
     full = epoch(stream, 2)
     tail = epoch(stream, 2, start=8)
-    assert len(full) == 4 and len(tail) == 2
+    assert len(full) == 3 and len(tail) == 1  # 15 images: 3 full training batches
     assert_same_batches(full[2:], tail)
     assert not torch.equal(epoch(stream, 3)[0][0], full[0][0])  # another epoch: other order and boxes
 
@@ -114,26 +114,31 @@ def test_unreadable_files_are_named_and_left_out(folder):
     assert all(torch.isfinite(x).all() for x, _ in batches)
 
 
-def test_every_collated_batch_is_uint8_of_the_fixed_shape(folder):
+def test_every_collated_batch_is_uint8_padded_to_its_own_images(folder):
     _, stream = loaders(folder, train=False)
     stream.set_epoch(0)
     collated = list(stream.loader)  # what the workers hand over, before the copy to the device
     assert [len(targets) for _, _, _, targets, _ in collated] == [4, 4, 4, 3]
     for pixels, heights, widths, targets, skipped in collated:
-        assert pixels.dtype == torch.uint8 and pixels.shape == (4, 3, CACHE, CACHE)
-        assert len(heights) == len(widths) == len(targets) and skipped == []
+        assert pixels.dtype == torch.uint8 and pixels.shape[:2] == (4, 3) and skipped == []
+        assert len(heights) == len(widths) == len(targets)
+        shorts, longs = torch.minimum(heights, widths), torch.maximum(heights, widths)
+        assert pixels.shape[2:] == (int(shorts.max()), int(longs.max()))  # portraits turned on their side
         for n in range(len(targets)):
-            assert pixels[n, :, heights[n]:].sum() == 0 and pixels[n, :, :, widths[n]:].sum() == 0
+            assert pixels[n, :, shorts[n]:].sum() == 0 and pixels[n, :, :, longs[n]:].sum() == 0
     sizes = {(int(h), int(w)) for _, heights, widths, _, _ in collated for h, w in zip(heights, widths)}
-    assert sizes == {*SIZES, (48, 36)}
+    assert sizes == {*SIZES, (64, 48)}
     assert collated[-1][0][3:].sum() == 0  # the short last batch: its padding row is all zeros
 
 
-def test_pad_to_fixed_places_images_top_left_and_skips_unreadable():
-    image = torch.full((3, 2, 5), 7, dtype=torch.uint8)
-    pixels, heights, widths, targets, skipped = PadToFixed(3, 6)([(image, 1), (None, "gone.jpg")])
-    assert pixels.shape == (3, 3, 6, 6) and pixels[0, :, :2, :5].eq(7).all() and pixels.sum() == 7 * 30
-    assert heights.tolist() == [2] and widths.tolist() == [5] and targets.tolist() == [1] and skipped == ["gone.jpg"]
+def test_pad_batch_places_images_top_left_turns_portraits_and_skips_unreadable():
+    landscape = torch.full((3, 2, 5), 7, dtype=torch.uint8)
+    portrait = torch.arange(3 * 4 * 3, dtype=torch.uint8).view(3, 4, 3)
+    pixels, heights, widths, targets, skipped = PadBatch(3)([(landscape, 1), (None, "gone.jpg"), (portrait, 0)])
+    assert pixels.shape == (3, 3, 3, 5) and pixels[0, :, :2, :5].eq(7).all() and pixels[0].sum() == 7 * 30
+    assert torch.equal(pixels[1, :, :3, :4], portrait.transpose(1, 2)) and pixels[2].sum() == 0
+    assert heights.tolist() == [2, 4] and widths.tolist() == [5, 3] and targets.tolist() == [1, 0]
+    assert skipped == ["gone.jpg"]
 
 
 def test_auto_streams_image_folders_that_do_not_fit(folder, monkeypatch):

@@ -37,7 +37,8 @@ def latest_run(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _label(row: dict[str, Any]) -> str:
     layout = "" if row.get("layout") in ("native", "nchw", None) else f"\n{row['layout']}"
-    return f"{row['backend']}\n{row['precision']}{layout}"
+    tta = "" if row.get("tta", "none") == "none" else f"\ntta {row['tta']}"
+    return f"{row['backend']}\n{row['precision']}{layout}{tta}"
 
 
 def _bars(rows: list[dict[str, Any]], value: str, whisker: str | None, ylabel: str, title: str, path: Path) -> Path:

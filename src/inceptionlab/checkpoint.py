@@ -33,7 +33,11 @@ from inceptionlab.fileio import append_jsonl, read_jsonl, write_jsonl
 CHECKPOINT_VERSION = 1
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """The process's RNG streams: torch's CPU generator, Python's, NumPy's, and the run's own GPU's
+    when `device` is one (`cuda`: that device's state alone). Never every visible GPU: another GPU's
+    stream is not the run's, a host with fewer GPUs could not restore it, and asking a GPU for its
+    state initialises CUDA, which a CPU run on a GPU host must not do."""
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": list(random.getstate()[1]),
@@ -42,17 +46,25 @@ def rng_state() -> dict[str, Any]:
         "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
         "numpy_pos": int(np.random.get_state()[2]),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def restore_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """`rng_state`'s inverse; the GPU stream only on a GPU run, into the run's device whatever its index."""
     torch.set_rng_state(state["torch"])
     random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
     np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    saved = state.get("cuda")
+    if device is None or device.type != "cuda" or saved is None:
+        return
+    if isinstance(saved, (list, tuple)):  # earlier versions saved every visible GPU's state, by index
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= len(saved):
+            return  # that device's stream was not saved: keep the seeded one
+        saved = saved[index]
+    torch.cuda.set_rng_state(saved, device)
 
 
 @dataclass
@@ -67,14 +79,15 @@ class ResumePoint:
 
 
 def training_checkpoint(parts: dict[str, Any], point: ResumePoint, *, class_names: list[str],
-                        recipe: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """The checkpoint schema. `parts` maps model/optimizer/scheduler/scaler to objects with state_dict()."""
+                        recipe: dict[str, Any], spec: dict[str, Any], device: torch.device | None = None) -> dict[str, Any]:
+    """The checkpoint schema. `parts` maps model/optimizer/scheduler/scaler to objects with state_dict();
+    `device` is the run's (its GPU's RNG stream is saved with the CPU's)."""
     return {
         "version": CHECKPOINT_VERSION,
         **{name: part.state_dict() for name, part in parts.items()},
         "epoch": point.epoch,  # epochs fully done
         "step_in_epoch": point.step_in_epoch,  # steps done in epoch `epoch` (0 at an epoch boundary)
-        "rng": rng_state(),  # this process's: rank 0's under DDP, the only one in a single-process run
+        "rng": rng_state(device),  # this process's: rank 0's under DDP, the only one in a single-process run
         **({"rng_by_rank": point.rng_by_rank} if point.rng_by_rank and len(point.rng_by_rank) > 1 else {}),
         "best": point.best,
         "best_summary": json.dumps(point.best_summary) if point.best_summary else None,
@@ -84,7 +97,8 @@ def training_checkpoint(parts: dict[str, Any], point: ResumePoint, *, class_name
     }
 
 
-def restore_training(ckpt: dict[str, Any], parts: dict[str, Any], class_names: list[str], rank: int = 0) -> ResumePoint:
+def restore_training(ckpt: dict[str, Any], parts: dict[str, Any], class_names: list[str], rank: int = 0,
+                     device: torch.device | None = None) -> ResumePoint:
     """Load every part's state and this rank's RNG states back; the inverse of `training_checkpoint`.
 
     A rank the checkpoint has no state for (resumed on more processes than it was saved from) keeps
@@ -95,7 +109,7 @@ def restore_training(ckpt: dict[str, Any], parts: dict[str, Any], class_names: l
         part.load_state_dict(ckpt[name])
     by_rank = ckpt.get("rng_by_rank") or [ckpt["rng"]]
     if rank < len(by_rank):
-        restore_rng_state(by_rank[rank])
+        restore_rng_state(by_rank[rank], device)
     best_summary = json.loads(ckpt["best_summary"]) if ckpt.get("best_summary") else None
     return ResumePoint(int(ckpt["epoch"]), int(ckpt["step_in_epoch"]), ckpt["best"], best_summary)
 

@@ -109,9 +109,16 @@ class DataConfig:
     # auto: in-memory datasets and image folders that fit stay on the device (resident); bigger image folders
     # stream (decoded in workers per batch, augmented on the device); workers: per-image crops in workers
     loader: str = "auto"  # auto | resident | stream | workers
-    cache_size: int = 342  # resident/stream image folders: longest side decoded, px (smaller images stay exact)
+    # resident/stream image folders: the shorter side each image is kept at, px (smaller images stay exact);
+    # null: the model's eval resize (or the training crop, if larger), so validation never upsamples
+    cache_size: Optional[int] = None
     val_fraction: Optional[float] = None  # carve validation out of train (IMDB: 0.2), else the val/test split
     split_seed: int = 42  # seed of that carve-out (the guide's seed=42)
+    # Image files without train/ + val/ folders (data/datasets/file_list.py): a CSV of file,label[,split];
+    # or, with neither, one folder of class folders. Both are split per class by val_fraction (0.2 if
+    # unset) and split_seed, and the split is recorded in the run's splits.csv.
+    labels_csv: Optional[str] = None
+    split_file: Optional[str] = None  # a run's splits.csv to read the split from as it was (set by evaluate, resume)
     text: TextConfig = field(default_factory=TextConfig)
     train_split: str = "train"
     val_split: str = "val"
@@ -156,6 +163,13 @@ class DataConfig:
         _check_positive("data.max_val_samples", self.max_val_samples)
         _check_choice("data.sampler", self.sampler, SAMPLERS)
         _check_positive("data.balance_power", self.balance_power, allow_zero=True)
+
+
+def needed_cache_size(data: DataConfig) -> int | None:
+    """The shorter side a cached image needs so that neither the eval resize nor a whole-image training
+    crop upsamples it: the larger of data.val_resize_size and data.train_crop_size (None before they are known)."""
+    sizes = [size for size in (data.val_resize_size, data.train_crop_size) if size is not None]
+    return max(sizes) if sizes else None
 
 
 @dataclass

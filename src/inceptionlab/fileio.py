@@ -7,16 +7,24 @@ Files get the mode a plain `open(path, "w")` would give them: 0666 less the user
 the usual 0022), or the mode of the file they replace. A temporary file is created 0600, and renamed
 as it was, exports were unreadable to a Triton or KServe process running as another user, and a
 decoded-image cache beside a shared dataset to every other user of it.
+
+A write that runs out of space is the user's to fix: `NoSpace`, "no space left on <folder>: N MB
+needed, M free", a one-line error (torch.save reported it as `RuntimeError: [enforce fail at
+inline_container.cc:672] . unexpected pos ...`, an internal failure with a traceback).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable
+
+from inceptionlab.errors import UserError
 
 
 def current_umask() -> int:
@@ -48,8 +56,36 @@ def default_mode(path: Path) -> int:
         return plain_mode()
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Call `write(handle)` on a temp file beside `path`, then rename it over `path`."""
+MB = 1e6
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # the disk is full; the user's disk quota is used up
+
+
+class NoSpace(UserError):
+    """A file did not fit where it was written: the fix is free space, not a bug report."""
+
+    def __init__(self, folder: Path, needed: int):
+        free = shutil.disk_usage(folder).free if folder.exists() else 0
+        super().__init__(f"no space left on {folder}: {needed / MB:.1f} MB needed, {free / MB:.1f} MB free "
+                         "(free some space there, or write elsewhere: `train --out DIR`)")
+
+
+def ran_out_of_space(exc: BaseException) -> bool:
+    """True when `exc` or an exception it was raised from or during is a full disk (ENOSPC, EDQUOT):
+    torch.save wraps the OSError in a RuntimeError whose context it is."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any], size_hint: int = 0) -> None:
+    """Call `write(handle)` on a temp file beside `path`, then rename it over `path`.
+
+    Out of space: the temp file is removed, `path` keeps its old content, and `NoSpace` names the folder,
+    the bytes needed (`size_hint`, or what had been written when it failed) and the bytes free."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -60,9 +96,19 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
             os.fchmod(handle.fileno(), default_mode(path))
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        written = _size(tmp)
         Path(tmp).unlink(missing_ok=True)
+        if ran_out_of_space(exc):
+            raise NoSpace(path.parent, max(size_hint, written)) from exc
         raise
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -80,7 +126,18 @@ def atomic_write_json(path: Path, data: Any) -> None:
 def atomic_torch_save(obj: Any, path: Path) -> None:
     import torch  # here, not at the top: `inceptionlab data ...` writes files without paying torch's ~1 s import
 
-    atomic_write(path, lambda handle: torch.save(obj, handle))
+    atomic_write(path, lambda handle: torch.save(obj, handle), size_hint=tensor_bytes(obj))
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in `obj` (nested dicts, lists, tuples): about what torch.save writes."""
+    if hasattr(obj, "untyped_storage"):
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(value) for value in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(value) for value in obj)
+    return 0
 
 
 def sha256_file(path: Path) -> str:
@@ -95,11 +152,16 @@ def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     """Append rows, flushed and fsynced: a crash loses at most the line being written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, default=str) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    text = "".join(json.dumps(row, default=str) + "\n" for row in rows)
+    try:
+        with open(path, "a") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        if exc.errno in NO_SPACE_ERRNOS:
+            raise NoSpace(path.parent, len(text.encode())) from exc
+        raise
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

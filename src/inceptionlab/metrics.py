@@ -30,8 +30,10 @@ class ClassificationMeter:
         self.num_classes = num_classes
         # top-5 of 3 classes is always 1.0 but still says "the answer is among the 5 best": keep min(k, C).
         self.topk = min(topk, num_classes) if topk else None
-        # [loss x n, n, top-1 hits, top-k hits, labels outside [0, C)] in float64: exact counts up to 2**53.
-        self.sums = torch.zeros(5, dtype=torch.float64, device=device)
+        # [loss x n, top-1 hits, top-k hits, labels outside [0, C)] in float64: exact counts up to 2**53.
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+        self.count = 0  # samples, on the host: the batch sizes are known there (a tensor built from one
+        # per batch was a blocking copy to the GPU, one host sync per evaluation batch)
         self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device) if confusion else None
 
     @torch.no_grad()
@@ -43,11 +45,11 @@ class ClassificationMeter:
         valid = (targets >= 0) & (targets < self.num_classes)
         self.sums += torch.stack([
             loss.detach().double() * count,
-            torch.tensor(float(count), dtype=torch.float64, device=self.sums.device),
             hits[:, 0].sum().double(),
             hits.any(dim=1).sum().double(),
             (count - valid.sum()).double(),
         ])
+        self.count += count
         if self.confusion is not None:
             # index_add_ rather than bincount: CUDA's bincount reads the largest value back to the host.
             pairs = torch.where(valid, targets * self.num_classes + ranked[:, 0], 0)
@@ -55,10 +57,11 @@ class ClassificationMeter:
 
     def compute(self) -> dict[str, Any]:
         """The totals over every batch (and every rank): the one host sync of an evaluation."""
-        sums = _all_reduced(self.sums)
+        count = torch.full((1,), float(self.count), dtype=torch.float64, device=self.sums.device)
+        sums = _all_reduced(torch.cat([self.sums, count]))
         if self.confusion is not None:
             matrix = _all_reduced(self.confusion).cpu()
-        loss_sum, count, top1, topk, invalid = sums.tolist()
+        loss_sum, top1, topk, invalid, count = sums.tolist()
         if invalid:
             raise ValueError(f"{int(invalid)} target labels are outside [0, {self.num_classes}); "
                              f"check the dataset's labels against the model's {self.num_classes} classes")

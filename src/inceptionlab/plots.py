@@ -3,11 +3,13 @@
 plots/loss.png       train and val loss per epoch (the guide's figure)
 plots/accuracy.png   train top-1, val top-1 and top-5 per epoch
 plots/confusion.png  the last evaluation's confusion matrix (row-normalised)
+eval/plots/reliability.png  reliability diagrams before and after temperature scaling (eval/calibration.json)
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,44 @@ def plot_confusion(csv_path: Path, out: Path) -> Path | None:
                                 color="white" if normalised[i, j] > 0.5 else "black")
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
+    return save_figure(fig, out)
+
+
+def plot_reliability(calibration_json: Path, out: Path) -> Path | None:
+    """Accuracy against confidence per bin, before and after temperature scaling (Guo et al.'s figure):
+    bars on the diagonal are calibrated; the red hatched box between a bar's top and the images' mean
+    confidence is its gap (above the bar: overconfident). A strip under each panel counts the images per bin."""
+    if not Path(calibration_json).exists():
+        return None
+    data = json.loads(Path(calibration_json).read_text())
+    fig, axes = new_figure((9.0, 5.2), 2, 2, sharex=True, gridspec_kw={"height_ratios": [4, 1]})
+    panels = (("before", f"before: T = 1, ECE {data['ece_before']:.3f}"),
+              ("after", f"after: T = {data['temperature']:.3g}, ECE {data['ece_after']:.3f}"))
+    for column, (key, title) in enumerate(panels):
+        bins = data[f"bins_{key}"]
+        lower = np.array([b["lower"] for b in bins])
+        width = lower[1] - lower[0] if len(lower) > 1 else 1.0
+        centre = lower + width / 2
+        accuracy = np.array([b["accuracy"] if b["count"] else 0.0 for b in bins])
+        confidence = np.array([b["confidence"] if b["count"] else c for b, c in zip(bins, centre)])
+        counts = np.array([b["count"] for b in bins])
+        ax, strip = axes[0, column], axes[1, column]
+        ax.bar(centre, accuracy, width=width * 0.95, color="#4a7ab7", edgecolor="white", label="accuracy")
+        gap_low, gap = np.minimum(accuracy, confidence), np.abs(confidence - accuracy)
+        ax.bar(centre[counts > 0], gap[counts > 0], bottom=gap_low[counts > 0], width=width * 0.95, fill=False,
+               hatch="///", edgecolor="#d9534f", linewidth=1.0, label="gap to mean confidence")
+        ax.plot([0, 1], [0, 1], color="#333333", linestyle="--", linewidth=1, label="calibrated")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("accuracy" if column == 0 else "")
+        ax.grid(alpha=0.3)
+        strip.bar(centre, counts, width=width * 0.95, color="#888888")
+        strip.set_xlabel("confidence (top-1 probability)")
+        strip.set_ylabel("images" if column == 0 else "")
+    axes[0, 0].legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"reliability on {data['samples']} images", fontsize=10)
+    fig.tight_layout()
     return save_figure(fig, out)
 
 

@@ -81,10 +81,12 @@ def cpu_capability() -> str:
         return "unknown"
 
 
-def environment(device: torch.device | str, world_size: int = 1) -> dict[str, Any]:
+def environment(device: torch.device | str, world_size: int = 1,
+                gpu_settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """The machine and software a figure was measured on: env.json and every bench row.
 
-    `host.environment()` (the load generator's record, torch-free) plus what only torch knows.
+    `host.environment()` (the load generator's record, torch-free) plus what only torch knows, and the
+    cuDNN autotuner and TF32 per precision the command applied (hardware.backends.record; None on a CPU).
     """
     device = torch.device(device)
     return {
@@ -97,6 +99,7 @@ def environment(device: torch.device | str, world_size: int = 1) -> dict[str, An
         "cpu_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) if torch.backends.mkldnn.is_available() else False,
         "torch_threads": torch.get_num_threads(),
         "world_size": world_size,
+        "gpu_settings": gpu_settings,
     }
 
 

@@ -28,6 +28,9 @@ def bench(
     layout: str = typer.Option("auto", "--layout", help="PyTorch backends: comma list of nchw, channels_last; "
                                                          "auto: both."),
     batch: str = typer.Option("1", "--batch", help="Comma list of batch sizes, e.g. 1,8,32."),
+    tta: str = typer.Option("none", "--tta", help="Comma list of test-time augmentations to time around each "
+                            "configuration: none, flip, crops, flip-crops (e.g. none,flip: the speed-up column is "
+                            "TTA's cost)."),
     iters: int = typer.Option(100, "--iters", min=1, help="Timed calls per configuration and batch size."),
     rounds: int = typer.Option(5, "--rounds", min=1, help="Rounds the timed calls are split into; in each round "
                                                           "the configurations take turns, so a load that comes "
@@ -67,6 +70,8 @@ def bench(
       inceptionlab bench --model inception_v3 --weights random --backend eager,onnxruntime,openvino --precision fp32,bf16,int8 --batch 1,16 --calib-images val/
 
       inceptionlab bench runs/inception_v3/imagefolder/20261122-101500 --backend onnxruntime --precision int8 --json
+
+      inceptionlab bench RUN_DIR --backend openvino --precision fp32 --tta none,flip,flip-crops --batch 1,8
     """
     from inceptionlab.infer.runtimes import describe_runtimes
 
@@ -85,7 +90,8 @@ def bench(
     facts = hardware.device_facts(target.device)
     precisions = parse_list(precision, ("auto", *PRECISIONS), "--precision")
     configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), precisions,
-                   parse_list(layout, ("auto", *TORCH_LAYOUTS), "--layout"), facts)
+                   parse_list(layout, ("auto", *TORCH_LAYOUTS), "--layout"), facts,
+                   parse_list(tta, options.TTA_MODES, "--tta"))
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
                              holdout, calibration, min_agreement, onnx, rounds)
     from inceptionlab.infer.bench import run_bench
@@ -102,7 +108,7 @@ def bench(
 
     _announce(facts, precisions)  # after every option is checked: a bad one stays a one-line error
     report = run_bench(source, configs, settings, log=_log, on_rows=emit)
-    env = environment(target.device)
+    env = environment(target.device, gpu_settings=hardware.backends.record(facts))
     # Every option as parsed (defaults too, the output switches left out): rerunning it reproduces the row.
     command = options.canonical_command(ctx, skip=("as_json", "plot", "list_runtimes"))
     from inceptionlab.infer.bench import result_records

@@ -1,4 +1,4 @@
-"""`inceptionlab data ...`: get data sets into the layout the trainers read."""
+"""`inceptionlab data ...`: get data sets into the layout the trainers read, and check the user's own."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 from inceptionlab.cli import options
 
 app = typer.Typer(
-    help="Download and prepare data sets (Tiny ImageNet).",
+    help="Download and prepare data sets (Tiny ImageNet); check a data set's health.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -19,8 +19,48 @@ app = typer.Typer(
 
 @app.callback()
 def data() -> None:
-    """Download and prepare data sets (Tiny ImageNet)."""
-    # A callback keeps `data` a command group even while it has a single command.
+    """Download and prepare data sets (Tiny ImageNet); check a data set's health."""
+
+
+@app.command("check")
+def check(
+    root: Path = typer.Argument(..., help="The data set's folder: train/ and val/ (test/) of class folders, or one "
+                                "folder of class folders."),
+    labels: Optional[Path] = typer.Option(None, "--labels", metavar="CSV", help="A labels CSV (file,label[,split]) "
+                                          "instead of class folders."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=0, help="Processes that read the files "
+                                          "(default: this machine's usable CPUs; 0: in this process)."),
+    as_json: bool = options.json_option("the splits, counts and every finding with all its files"),
+) -> None:
+    """Check a data set before training on it: files that do not decode, identical and near-identical
+    images (resized or re-encoded copies), the same image in train and val (or test), an image under two
+    classes, class counts and imbalance (with class weights to use), odd sizes, modes and aspect ratios.
+    Each finding names its files and what to do. Exits 1 when it finds errors.
+
+    Examples:
+
+      inceptionlab data check data/flowers
+
+      inceptionlab data check data/photos --labels data/photos/labels.csv --json > check.json
+    """
+    from tqdm import tqdm
+
+    from inceptionlab.data.check import check_data
+    from inceptionlab.data.check.report import format_report
+
+    bar = tqdm(total=0, unit="file", desc="data check", disable=None, leave=False, dynamic_ncols=True)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        report = check_data(root, labels, workers, progress)
+    finally:
+        bar.close()
+    typer.echo(json.dumps(report.to_dict()) if as_json else format_report(report))
+    if report.counts()["error"]:
+        raise typer.Exit(1)
 
 
 @app.command("tiny-imagenet")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -22,54 +22,120 @@ def evaluate(
     split: Optional[str] = typer.Option(None, "--split", help="Split folder to score (default: the recipe's val split)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ and the "
                                        "per-image results.csv + logits.npy (default: RUN/eval)."),
+    tta: Optional[str] = options.tta_option("the model's own (spec.json); on the validation split the rule is "
+                                            "fitted under it and saved with it"),
+    reject: Optional[str] = typer.Option(
+        None, "--reject", metavar="TARGET",
+        help="Choose a reject threshold on the validation split: precision=P (the images answered at least P "
+             "right) or coverage=C (answer at least a share C of images); below it predict and serve answer "
+             "'unknown'. none removes it. Default: keep the saved target, re-chosen on the new calibration."),
+    unknown_images: Optional[Path] = typer.Option(
+        None, "--unknown-images", metavar="DIR",
+        help="Images of none of the classes (noise, another data set): report the share answered 'unknown'."),
+    keep_rule: bool = typer.Option(False, "--keep-rule", help="Fit nothing and change nothing: report the saved "
+                                   "temperature and threshold on this split (the default on any split but validation)."),
     batch_size: int = options.batch_size_option(64),
     num_workers: Optional[int] = options.num_workers_option(),
     device: str = options.device_option(),
     as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples, "
-                                        "skipped (unreadable files and why), files"),
+                                        "files, calibration (temperature, ECE and NLL before/after, reject), tta_gain, "
+                                        "outside_images, rule_saved_to, note, skipped (unreadable files and why)"),
 ) -> None:
-    """Score a model on a labelled image split.
+    """Score a model on a labelled image split, and calibrate it.
+
+    On the validation split it fits the temperature that calibrates the model's probabilities (on its
+    logits) and, with --reject, the threshold below which the answer is 'unknown'; both are saved in the
+    run's spec.json with the test-time augmentation they were fitted under, and predict, export and serve
+    answer by them. eval/plots/reliability.png shows the calibration before and after.
 
     Examples:
 
       inceptionlab evaluate runs/inception_v3/tiny_imagenet/20261122-101500
+
+      inceptionlab evaluate RUN_DIR --reject precision=0.95 --unknown-images other_photos/
+
+      inceptionlab evaluate RUN_DIR --tta flip          # measure (and adopt) flip test-time augmentation
+
+      inceptionlab evaluate RUN_DIR --split test --json  # the saved rule, reported on the test split
 
       inceptionlab evaluate --model inception_v3 --data data/tiny-imagenet-200 --json
 
     Besides the summary it writes one row per image (results.csv, logits.npy): `inceptionlab report`
     turns them into a page of the model's errors.
     """
+    from inceptionlab.infer.decision import save_calibration
     from inceptionlab.infer.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
     from inceptionlab.runtime import resolve_device
 
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)
+    target = _reject_target(reject)
     dev = resolve_device(device)
+    tta = options.check_tta(tta)
     if run is not None:
         evaluation = evaluate_run(run, data, split, device=dev, batch_size=batch_size, num_workers=num_workers,
-                                  weights=Path(weights) if weights else None)
+                                  weights=Path(weights) if weights else None, tta=tta)
         out = out or run / "eval"
     else:
         if data is None:
             raise UserError("--model needs --data DIR: class folders named by ImageNet wnid or label")
         evaluation = evaluate_pretrained(model, weights or "imagenet", data, device=dev, batch_size=batch_size,
-                                         num_workers=num_workers)
+                                         num_workers=num_workers, tta=tta)
         out = out or Path("runs") / "evaluate" / model / time.strftime("%Y%m%d-%H%M%S")
+    rule = _decision(evaluation, run, target, reject, keep_rule, unknown_images, weights, dev, batch_size)
     paths = save_evaluation(evaluation, out)
-    report = evaluation.report()
+    paths.update(save_calibration(rule, out))
+    report = {**evaluation.report(), **rule.to_dict()}
     if as_json:
         print(json.dumps({**report, "files": {k: str(v) for k, v in paths.items()}}))
         return
     _print_table(report)
+    print("\n".join(rule.lines()))
     if report["skipped"]:
         from inceptionlab.data.io.decode import UnreadableFile
         from inceptionlab.engine.report import skipped_files_note
 
         skipped = [UnreadableFile(s["file"], s["problem"]) for s in report["skipped"]]
         print(f"{skipped_files_note(skipped)} (not in the {report['samples']} samples)")
-    print(f"wrote {paths['json']}, {paths['confusion_csv']}, {paths['confusion_png']}")
+    print(f"wrote {paths['json']}, {paths['confusion_csv']}, {paths['confusion_png']}, {paths['reliability_png']}")
     if "results_csv" in paths:
         print(f"per-image results: {paths['results_csv']}; browse the errors: inceptionlab report {out}")
+
+
+def _reject_target(reject: Optional[str]) -> Any:
+    from inceptionlab.infer.calibrate import RejectTarget
+
+    return None if reject in (None, "none") else RejectTarget.parse(reject)
+
+
+def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optional[str], keep_rule: bool,
+              unknown_images: Optional[Path], weights: Optional[str], device: Any, batch_size: int) -> Any:
+    """Fit the rule on validation (saved with a run's model), else apply the saved one; then try it on
+    --unknown-images."""
+    from inceptionlab.infer.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
+    from inceptionlab.models.registry import load_pretrained_model, load_run_model
+
+    scores = evaluation.scores
+    fit = scores.validation and not keep_rule
+    if not fit and reject is not None:
+        raise UserError("--reject chooses a threshold on the validation split; this evaluation fits nothing "
+                        "(--split other than validation, or --keep-rule): drop it, or score the validation split")
+    gain = tta_gain(scores)
+    chosen, note = adopted(scores, gain) if fit else (scores, None)
+    calibration, spec = decide(chosen, evaluation.spec, fit=fit, target=target, drop_threshold=reject == "none")
+    report = RuleReport(calibration, spec, gain, note=note)
+    if unknown_images is not None:
+        if run is not None:
+            net, _ = load_run_model(run, Path(weights) if weights else None)
+        else:
+            net, _ = load_pretrained_model(evaluation.spec.arch, weights or "imagenet")
+        report.outside = outside_images(net, spec, unknown_images, device, batch_size)
+    if fit and run is not None and not weights:
+        report.saved_to = save_rule(run, spec)
+    elif fit and run is not None:
+        report.note = "; ".join(filter(None, [note, "rule not saved: --weights scored other weights than the "
+                                              "run's model.pt"]))
+    return report
 
 
 def _print_table(report: dict) -> None:

@@ -54,6 +54,22 @@ def num_workers_option() -> Any:
     return typer.Option(None, "--num-workers", min=0, help="Loader worker processes (default: min(8, CPU cores)).")
 
 
+# Kept in step with models/tta.py's TTA_VIEWS (a test checks): importing it here would load torch for `--help`.
+TTA_MODES = ("none", "flip", "crops", "flip-crops")
+
+
+def tta_option(default_source: str = "the model's own (spec.json's tta; none if unset)") -> Any:
+    return typer.Option(None, "--tta", help="Test-time augmentation: none, flip (2 views), crops (the image and "
+                        "its 4 corner crops), flip-crops (10 views); logits averaged over the views. "
+                        f"Default: {default_source}.", show_default=False)
+
+
+def check_tta(value: Optional[str]) -> Optional[str]:
+    if value is not None and value not in TTA_MODES:
+        raise UserError(f"--tta {value!r}: use one of {', '.join(TTA_MODES)}")
+    return value
+
+
 def pick_run(positional: Optional[Path], option: Optional[Path]) -> Optional[Path]:
     """The run directory from RUN_DIR or --run (the same thing; both given must agree)."""
     if positional is not None and option is not None and Path(positional) != Path(option):

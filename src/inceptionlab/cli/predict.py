@@ -23,13 +23,15 @@ def predict(
     model: Optional[str] = options.model_option("a pretrained torchvision model (default without --run: inception_v3)"),
     weights: Optional[str] = options.weights_option(),
     topk: int = typer.Option(5, "--topk", min=1, help="How many classes to show per image."),
+    tta: Optional[str] = options.tta_option(),
     explain: Optional[Path] = typer.Option(
         None, "--explain", metavar="DIR",
         help="Also write a Grad-CAM overlay per image into DIR (<name>.cam.png: where the model looked for its "
              "top class); needs the trust extra (Captum)."),
     batch_size: int = options.batch_size_option(16),
     device: str = options.device_option(),
-    as_json: bool = options.json_option('one object per input, {"file", "topk"} or {"file", "error"}'),
+    as_json: bool = options.json_option('one object per input, {"file", "answer", "score", "unknown", "topk"} or '
+                                        '{"file", "error"}; answer is "unknown" below a run\'s reject threshold'),
 ) -> None:
     """Classify images; exits 1 if any input failed (the others are still classified).
 
@@ -62,7 +64,7 @@ def predict(
         net, spec = load_run_model(run, Path(weights) if weights else None)
     else:
         net, spec = load_pretrained_model(model or "inception_v3", weights or "imagenet")
-    predictor = Predictor(net, spec, resolve_device(device))
+    predictor = Predictor(net, spec, resolve_device(device), tta=options.check_tta(tta))
     results = predictor.predict_files(inputs, topk=topk, batch_size=batch_size)
     if explain is not None:
         results = _with_overlays(predictor, results, explain, batch_size)
@@ -113,6 +115,8 @@ def _format(result: dict) -> str:
         return f"{result['file']}\n  error: {result['error']}"
     width = max(len(t["label"]) for t in result["topk"])
     lines = [result["file"]]
+    if result.get("unknown"):
+        lines.append(f"  unknown: the best guess scores {result['score']:.2%}, below the model's threshold")
     lines += [f"  {t['prob']:7.2%}  {t['label']:<{width}}  (class {t['index']})" for t in result["topk"]]
     if "explain" in result:
         lines.append(f"  Grad-CAM: {result['explain']}")

@@ -55,6 +55,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes it to the "
                              "network: set an API key)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="HTTP port."),
+    tta: Optional[str] = options.tta_option(),
     explain: bool = typer.Option(False, "--explain", help="Also answer POST /v1/explain?model=NAME with a "
                                  "Grad-CAM overlay (PNG) of the posted image; each runs the eager model forward "
                                  "and backward (several inferences' cost), so it is off by default."),
@@ -105,7 +106,8 @@ def serve(
     settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
                                  _positive("--instances", instances), weights,
                                  log=lambda message: typer.echo(message, err=True),
-                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate, slo_ms=slo_ms)
+                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate, slo_ms=slo_ms,
+                                 tta=options.check_tta(tta))
     served, sources = [], []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))

@@ -43,11 +43,14 @@ def train(
             raise UserError(f"{resume}: not a run directory (no recipe.resolved.yaml) to resume")
         if recipe is not None:
             raise UserError("give either a RECIPE or --resume RUN_DIR, not both (use --set to change values)")
-        loaded = load_recipe(source, extra)
+        from inceptionlab.data.datasets.file_list import recorded_split
+
+        loaded = load_recipe(source, recorded_split(resume) + extra)  # the same images as the run's first part
     elif recipe is None:
         raise UserError("missing RECIPE: e.g. `inceptionlab train inception_v3/tiny_imagenet --data DIR`")
     else:
         loaded = load_recipe(recipe, extra)
+    _data_warning(loaded)
     try:
         outcome = fit(loaded, out, resume, progress=progress)
     finally:
@@ -69,6 +72,17 @@ def train(
         print(f"run directory: {outcome.run_dir}")
     if outcome.status == "interrupted":
         raise typer.Exit(130)
+
+
+def _data_warning(recipe: object) -> None:
+    """The data check's cheap part first: one line on stderr when the data looks wrong (rank 0 only)."""
+    import os
+
+    from inceptionlab.data.readers import data_warning
+
+    line = data_warning(recipe.data)  # type: ignore[attr-defined]
+    if line and os.environ.get("RANK", "0") == "0":
+        typer.echo(line, err=True)
 
 
 def _export_text_model(run_dir: Path) -> None:

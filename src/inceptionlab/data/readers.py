@@ -13,8 +13,19 @@ from typing import Any, Callable
 import torch
 
 from inceptionlab.config import AugmentConfig, DataConfig
+from inceptionlab.data.check import quick_check, warning_line
 from inceptionlab.data.datasets.cifar10 import load_cifar10
 from inceptionlab.data.datasets.digits import ensure_digits_imagefolder
+from inceptionlab.data.datasets.file_list import (
+    DEFAULT_VAL_FRACTION,
+    SPLITS_FILE,
+    LabelRow,
+    list_class_folder,
+    read_labels_csv,
+    read_splits_file,
+    rows_of,
+    stratified_split,
+)
 from inceptionlab.data.datasets.imdb import CLASS_NAMES, download_imdb, load_imdb
 from inceptionlab.data.datasets.mnist import load_idx_split
 from inceptionlab.data.datasets.tiny_imagenet import read_class_names
@@ -27,9 +38,35 @@ from inceptionlab.errors import UserError
 
 
 def _data_root(cfg: DataConfig) -> Path:
+    if not cfg.root and cfg.labels_csv:
+        return Path(cfg.labels_csv).expanduser().parent  # the CSV's files are relative to its folder
     if not cfg.root:
         raise UserError("no dataset folder: pass --data DIR (or set data.root in the recipe)")
     return Path(cfg.root).expanduser()
+
+
+def _file_rows(cfg: DataConfig, root: Path) -> tuple[list[LabelRow], str | None] | None:
+    """The split as label rows when the data is not train/ + val/ class folders (file_list.py): a run's
+    recorded split, a labels CSV, or one folder of class folders (train/ alone, or the root itself);
+    None for split folders. The second item is a note on how the split was made."""
+    if cfg.split_file:
+        return read_splits_file(Path(cfg.split_file), root), None
+    if cfg.labels_csv:
+        rows, where = read_labels_csv(Path(cfg.labels_csv).expanduser()), f"{cfg.labels_csv}"
+    elif (root / cfg.val_split).is_dir():
+        return None
+    elif (root / cfg.train_split).is_dir():
+        rows, where = rows_of(list_class_folder(root / cfg.train_split)), f"{root / cfg.train_split} (no {cfg.val_split}/)"
+    elif root.is_dir():
+        rows, where = rows_of(list_class_folder(root)), f"{root} (no {cfg.train_split}/ or {cfg.val_split}/)"
+    else:
+        return None  # a missing folder: the class-folder reader says so
+    if all(row.split for row in rows):
+        return rows, None
+    fraction = cfg.val_fraction or DEFAULT_VAL_FRACTION
+    note = (f"split {where} per class: {fraction:.0%} validation, seed {cfg.split_seed}; recorded in the run's "
+            f"{SPLITS_FILE}")
+    return stratified_split(rows, fraction, cfg.split_seed), note
 
 
 def _tiny_imagenet_root(cfg: DataConfig) -> Path:
@@ -80,7 +117,7 @@ def read_splits(cfg: DataConfig, augment: AugmentConfig | None = None) -> SplitP
     if cfg.reader in ARRAY_READERS:
         return ARRAY_READERS[cfg.reader](cfg)
     # Image folders decode files per sample through torchvision transforms (imported only here).
-    from inceptionlab.data.datasets.imagefolder import image_folder_splits
+    from inceptionlab.data.datasets.imagefolder import image_folder_splits, labelled_file_splits
     from inceptionlab.data.transforms.host import train_transform  # torchvision (~1.3 s): image folders only
     from inceptionlab.models.spec import eval_transform
 
@@ -88,7 +125,14 @@ def read_splits(cfg: DataConfig, augment: AugmentConfig | None = None) -> SplitP
     val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)
     reader = _reader(cfg)
     root = reader.root(cfg)
-    splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf)
+    # JPEGs decoded at a reduced scale as the decoded cache (training) and `evaluate` (validation) read them:
+    # every data path then validates on the pixels `evaluate`, `predict` and `serve` see.
+    max_sides = (cfg.cache_size, cfg.val_resize_size)
+    listed = _file_rows(cfg, root)
+    if listed is not None:
+        splits = labelled_file_splits(listed[0], root, train_tf, val_tf, listed[1], max_sides=max_sides)
+    else:
+        splits = image_folder_splits(root, cfg.train_split, cfg.val_split, train_tf, val_tf, max_sides=max_sides)
     if reader.labels is not None:
         splits.class_labels = reader.labels(root, splits.class_names)
     return splits
@@ -109,7 +153,19 @@ def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -
     from inceptionlab.data.datasets.imagefolder import RobustImageFolder  # torchvision (~1.3 s): image folders only
 
     root = _reader(cfg).root(cfg)
-    return RobustImageFolder(root / (split or cfg.val_split), transform=transform)
+    listed = _file_rows(cfg, root)
+    if listed is not None:
+        return _listed_split(listed[0], root, transform, split or "val", cfg.val_resize_size)
+    return RobustImageFolder(root / (split or cfg.val_split), transform=transform, max_side=cfg.val_resize_size)
+
+
+def _listed_split(rows: list[LabelRow], root: Path, transform: Any, split: str, max_side: int | None) -> Any:
+    from inceptionlab.data.datasets.imagefolder import LabelledFiles  # torchvision (~1.3 s): image folders only
+
+    chosen = [row for row in rows if row.split == split]
+    if not chosen:
+        raise UserError(f"--split {split!r}: the data's split has {', '.join(sorted({r.split for r in rows}))}")
+    return LabelledFiles(chosen, sorted({row.label for row in rows}), root / split, transform, max_side)
 
 
 # --- In-memory datasets: the original files are read into tensors once. ---------------------------
@@ -126,10 +182,15 @@ def _carve_validation(train: ArraySplit, cfg: DataConfig) -> tuple[ArraySplit, A
 
 
 def _array_pair(cfg: DataConfig, train: ArraySplit, test: ArraySplit) -> SplitPair:
+    """Validation carved out of train (`data.val_fraction`, the shipped recipes' 0.1) and the test split
+    scored once at the end; without a fraction, the guide's set-up: validation is the test split."""
     if cfg.val_fraction:
         train, val = _carve_validation(train, cfg)
         return SplitPair(train, val, train.class_names, test=test)
-    return SplitPair(train, test, train.class_names)  # the guide scores on the test split
+    pair = SplitPair(train, test, train.class_names)  # the guide scores on the test split
+    pair.notes.append("validating on the test split (data.val_fraction=null, the guide's set-up): best.pt and "
+                      "early stopping are chosen on test scores; set data.val_fraction=0.1 to hold out validation")
+    return pair
 
 
 def read_cifar10(cfg: DataConfig) -> SplitPair:
@@ -212,3 +273,16 @@ ARRAY_READERS: dict[str, Callable[[DataConfig], SplitPair]] = {
     "mnist": _read_idx("mnist"),
     "imdb": read_imdb,
 }
+
+
+def data_warning(cfg: DataConfig) -> str | None:
+    """The data check's cheap part (no decoding) on an image folder a recipe reads: one warning line when
+    something is wrong, else None. Problems that stop training are left to the reader to say."""
+    if cfg.reader not in READERS or cfg.split_file:
+        return None
+    try:
+        root = _reader(cfg).root(cfg)
+        findings = quick_check(root, Path(cfg.labels_csv) if cfg.labels_csv else None)
+    except (UserError, OSError):
+        return None
+    return warning_line(findings, Path(cfg.labels_csv) if cfg.labels_csv else root)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from inceptionlab.doctor.report import one_line
+from inceptionlab.hardware import backends
 
 # fp32 device result vs CPU fp32 (and CPU fp32 vs fp64): a 3x3x3 conv accumulates 27 products
 # per output, so honest fp32 kernels agree far inside this; TF32 (10-bit mantissa) or a broken
@@ -91,25 +92,10 @@ def compare_conv_results(
 
 @contextmanager
 def ieee_fp32() -> Iterator[None]:
-    """Disable TF32 for convolutions and matmuls, restoring the caller's settings afterwards."""
-    cudnn_conv = getattr(torch.backends.cudnn, "conv", None)
-    matmul = torch.backends.cuda.matmul
-    if cudnn_conv is not None and hasattr(cudnn_conv, "fp32_precision"):
-        # torch >= 2.9: the per-operator API. Reading the legacy allow_tf32 flags after it has
-        # been used can raise, so touch only these two and put back exactly what was there.
-        saved = (cudnn_conv.fp32_precision, matmul.fp32_precision)
-        cudnn_conv.fp32_precision = matmul.fp32_precision = "ieee"
-        try:
-            yield
-        finally:
-            cudnn_conv.fp32_precision, matmul.fp32_precision = saved
-    else:
-        saved = (torch.backends.cudnn.allow_tf32, matmul.allow_tf32)
-        torch.backends.cudnn.allow_tf32 = matmul.allow_tf32 = False
-        try:
-            yield
-        finally:
-            torch.backends.cudnn.allow_tf32, matmul.allow_tf32 = saved
+    """Disable TF32 for convolutions and matmuls, restoring the caller's settings afterwards
+    (hardware.backends: the fp32_precision API where torch has it, never mixed with the legacy flags)."""
+    with backends.tf32(False):
+        yield
 
 
 def cpu_kernel_check(case: ConvCase) -> tuple[Comparison, ConvResult | None]:

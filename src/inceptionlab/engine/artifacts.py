@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, RunDir, training_checkpoint
 from inceptionlab.config import recipe_to_dict, recipe_to_yaml
 from inceptionlab.engine.session import TrainingSession
@@ -21,7 +22,8 @@ from inceptionlab.runtime import environment
 
 def run_environment(s: TrainingSession) -> dict[str, Any]:
     """env.json: the machine record, and what `auto` chose for this run with its evidence."""
-    env = environment(s.device, s.dist.world_size)
+    env = environment(s.device, s.dist.world_size,
+                      hardware.backends.record(hardware.device_facts(s.device), s.recipe.train.deterministic))
     if s.speed is not None:
         env["speed"] = s.speed.to_dict()
     return env
@@ -54,7 +56,7 @@ class RunArtifacts:
     def checkpoint(self, s: TrainingSession, point: ResumePoint, best: bool = False) -> None:
         """last.pt (and best.pt when `best`): everything `--resume` needs."""
         ckpt = training_checkpoint(s.resumable_parts(), point, class_names=s.spec.class_names,
-                                   recipe=recipe_to_dict(s.recipe), spec=s.spec.to_dict())
+                                   recipe=recipe_to_dict(s.recipe), spec=s.spec.to_dict(), device=s.device)
         atomic_torch_save(ckpt, self.run.last)
         if best:
             atomic_torch_save(ckpt, self.run.best)

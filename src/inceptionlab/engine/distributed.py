@@ -50,17 +50,19 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def any_rank(flag: bool, info: DistInfo, device: torch.device) -> bool:
-    """True on every rank when `flag` is true on any: a stop request must stop all ranks together.
-
-    An all-reduce and a host sync: `train_one_epoch` asks it at log intervals and at the epoch's end,
-    never per step, and every rank asks at the same steps (their shards have equal batch counts).
-    """
+def agree_at_log(loss: float, stop: bool, info: DistInfo, device: torch.device) -> tuple[bool, list[float]]:
+    """(a stop requested on any rank, every rank's interval loss in rank order): what the loop checks at
+    a log point, where the host has just waited for the device anyway. One all-reduce carries both, so
+    a NaN on one rank stops every rank at the same step (each rank fills its own slot; the sum of a
+    NaN and zeros stays NaN) and a stop request costs no collective of its own."""
     if not info.enabled:
-        return flag
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        return stop, [loss]
+    values = [0.0] * (info.world_size + 1)
+    values[0], values[1 + info.rank] = (1.0 if stop else 0.0), loss
+    agreed = torch.tensor(values, dtype=torch.float64).to(device)
+    dist.all_reduce(agreed)
+    stop_sum, *losses = agreed.tolist()
+    return stop_sum > 0, losses
 
 
 def gather_from_all(obj: Any, info: DistInfo) -> list[Any]:

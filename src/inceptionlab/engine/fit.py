@@ -17,10 +17,11 @@ from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, RunDir, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import any_rank, broadcast_buffers, gather_from_all
+from inceptionlab.engine.distributed import agree_at_log, broadcast_buffers, gather_from_all
 from inceptionlab.engine.finetune import Stage, Stages
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
 from inceptionlab.engine.report import Reporter, chain, epoch_line
+from inceptionlab.engine.resume import Change, apply_changes, refuse_finished, resume_changes
 from inceptionlab.engine.session import TrainingSession, build_training_session
 from inceptionlab.errors import UserError
 
@@ -121,16 +122,33 @@ class _Run:
 
 def fit(recipe: Recipe, out: Path = Path("runs"), resume: Path | None = None, *, progress: bool | None = None,
         stop: StopSignal | None = None, on_log: Callable[[int, float], None] | None = None) -> Outcome:
-    """Train `recipe`; returns where the run is and how it ended. Raises UserError on bad input."""
-    if resume is not None:
-        _check_resumable(RunDir.open(resume))  # before minutes of data reading
+    """Train `recipe`; returns where the run is and how it ended. Raises UserError on bad input.
+
+    With `resume`, the recipe's differences from the checkpoint's are checked first (engine/resume.py):
+    one the checkpoint cannot take is refused before the session is built or anything is written."""
+    resumed = _checked_resume(recipe, resume) if resume is not None else None
     try:
         s = build_training_session(recipe)
     except KeyboardInterrupt:
         raise UserError("interrupted while reading the data and building the model, before the run directory "
                         "was made: nothing was written", exit_code=130) from None
     with hardware.gpu_settings(hardware.device_facts(s.device), s.recipe.train.precision, recipe.train.deterministic):
-        return _fit(s, recipe, out, resume, progress, stop, on_log)
+        return _fit(s, recipe, out, resume, progress, stop, on_log, resumed)
+
+
+@dataclass
+class _Resumed:
+    ckpt: dict[str, Any]
+    changes: list[Change]
+
+
+def _checked_resume(recipe: Recipe, resume: Path) -> _Resumed:
+    run = RunDir.open(resume)
+    _check_resumable(run)  # a plain word on a run stopped before its first checkpoint, not "not found"
+    ckpt = load_checkpoint(run.last)
+    changes = resume_changes(ckpt, recipe, resume)
+    refuse_finished(ckpt, recipe, resume)
+    return _Resumed(ckpt, changes)
 
 
 def _check_resumable(run: RunDir) -> None:
@@ -140,12 +158,12 @@ def _check_resumable(run: RunDir) -> None:
 
 
 def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, progress: bool | None,
-         stop: StopSignal | None, on_log: Callable[[int, float], None] | None) -> Outcome:
+         stop: StopSignal | None, on_log: Callable[[int, float], None] | None, resumed: _Resumed | None = None) -> Outcome:
     r = _Run(s, open_artifacts(s, out, resume), Reporter(s.dist.is_main, progress),
              BestTracker(recipe.train.best_metric, min_delta=recipe.train.early_stop_min_delta), stop or StopSignal(), on_log)
     r.stages = Stages(s, s.wrap, r.report.say)
     try:
-        start = _start(r, resume)
+        start = _start(r, resumed)
     except KeyboardInterrupt:
         # The first batch is drawn here (plots/samples.png): with workers or a big folder this is where
         # the data is decoded, before Ctrl-C requests a clean stop (the handler below is not set yet).
@@ -164,20 +182,24 @@ def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, pro
     return Outcome(r.artifacts.run.path, r.status, _finish(r, time.perf_counter() - wall_start))
 
 
-def _start(r: _Run, resume: Path | None) -> ResumePoint:
-    """Restore a resumed run's state (or start at epoch 0), write the run's first files, say where it is."""
+def _start(r: _Run, resumed: _Resumed | None) -> ResumePoint:
+    """Restore a resumed run's state (or start at epoch 0) and apply the values changed on resume, then
+    write the run's first files (recipe.resolved.yaml: only once the resume has succeeded), say where it is."""
     start = ResumePoint(0, 0, r.best.state(), None)
-    if resume is not None:
-        start = restore_training(load_checkpoint(r.artifacts.run.last), r.s.resumable_parts(), r.s.spec.class_names,
-                                 r.s.dist.rank)
+    if resumed is not None:
+        start = restore_training(resumed.ckpt, r.s.resumable_parts(), r.s.spec.class_names, r.s.dist.rank,
+                                 r.s.device)
+        applied = apply_changes(resumed.changes, r.s.optimizer, r.s.scheduler)
         r.best.load(start)
         r.report.say(f"resuming {r.artifacts.run.path} at epoch {start.epoch + 1}, step {start.step_in_epoch}")
-    r.artifacts.start(r.s, start if resume is not None else None)
+        for change in applied:
+            r.report.say(f"resume: {change}")
+    r.artifacts.start(r.s, start if resumed is not None else None)
     for note in r.s.notes:
-        if resume is not None and note in r.s.weights_notes:  # a resumed run's weights are its checkpoint's
+        if resumed is not None and note in r.s.weights_notes:  # a resumed run's weights are its checkpoint's
             continue
         r.report.say(note)
-    if resume is not None:
+    if resumed is not None:
         r.report.say(f"weights: resumed from {r.artifacts.run.last}")
     if r.s.threads is not None:
         r.s.threads.say = r.report.say  # a change of thread count is said where progress is
@@ -196,7 +218,7 @@ def _train_epoch(r: _Run, epoch: int, first_step: int, stage: Stage) -> tuple[Ep
     try:
         return train_one_epoch(stage.runner, loader, s.task, s.optimizer, s.scaler, stage.settings,
                                first_step=first_step, on_log=log,
-                               should_stop=lambda: any_rank(r.stop.requested, s.dist, s.device),
+                               agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device),
                                after_step=s.after_step, train_mode=stage.train_mode, epoch=epoch), steps_in_epoch
     except NonFiniteLoss as exc:
         last = r.artifacts.run.last
@@ -261,7 +283,7 @@ def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> None:
 def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:
     """Where training stands, with every rank's RNG state for the checkpoint (checkpoint.py says why).
     A collective under DDP: every rank gets here at the same point of the loop."""
-    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(), r.s.dist))
+    return replace(r.best.point(epoch, step), rng_by_rank=gather_from_all(rng_state(r.s.device), r.s.dist))
 
 
 def _should_end(r: _Run, epoch: int, result: EpochResult) -> bool:
@@ -280,7 +302,8 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
     """Score the test split (all ranks: evaluation all-reduces), then write summary.json and plots (rank 0)."""
     s, test = r.s, None
     if r.status != "interrupted" and s.test_loader is not None:
-        test = _eval_summary(0, s, evaluate(s.inference_model(), s.test_loader, s.task, s.settings))
+        scored = evaluate(s.inference_model(), s.test_loader, s.task, s.settings)
+        test = {**_eval_summary(0, s, scored), "samples": scored["samples"]}  # once, at the end: the test split
         test.pop("epoch")
     summary = {**_summary(r, r.status, seconds), **({"test": test} if test else {})}
     return r.artifacts.finish(s, summary)

@@ -24,6 +24,18 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or infinite: parameters after this point are not worth saving."""
 
 
+# At a log point: (this rank's mean loss since the last one) -> (a stop was requested on any rank, every
+# rank's interval loss in rank order). Under DDP one collective (engine/distributed.py: agree_at_log), so
+# every rank stops, and raises NonFiniteLoss, at the same step: a rank that raised alone left the others
+# blocked in their next collective until NCCL's timeout.
+Agree = Callable[[float], tuple[bool, list[float]]]
+
+
+def alone(loss: float) -> tuple[bool, list[float]]:
+    """One process, no stop requested."""
+    return False, [loss]
+
+
 class Task(Protocol):
     def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor: ...
     def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
@@ -144,20 +156,20 @@ def train_one_epoch(
     *,
     first_step: int = 0,
     on_log: Callable[[int, float], None] | None = None,
-    should_stop: Callable[[], bool] = lambda: False,
+    agree: Agree = alone,
     epoch: int = 0,
     after_step: Callable[[], None] | None = None,
     train_mode: Callable[[nn.Module], Any] = nn.Module.train,
 ) -> EpochResult:
-    """Train over `loader` until it ends or `should_stop()` says so.
+    """Train over `loader` until it ends or `agree` says a stop was requested.
 
     With `settings.mix`, the loss sees the mixed batch and its soft targets (a function of the epoch
     and step, so a resumed run mixes as an uninterrupted one); top-1 counts against the batch's own labels.
 
-    The host waits for the device only at log intervals: that is when the loss is checked, progress is
-    reported and `should_stop()` is asked (it may be a collective under DDP; every rank runs the same
-    number of steps, so all ranks ask at the same steps and stop together). A stop requested within an
-    interval therefore takes effect at the interval's end, or at the epoch's end.
+    The host waits for the device only at log intervals: that is when progress is reported and the
+    ranks agree on the loss and on stopping (`agree`: a collective under DDP; every rank runs the same
+    number of steps, so all ranks agree at the same steps). A stop requested within an interval
+    therefore takes effect at the interval's end, or at the epoch's end.
 
     `after_step` runs after every optimizer step (the per-step schedule, the weights' average);
     `train_mode` puts the model in training mode (a frozen body stays in eval mode: engine/finetune.py).
@@ -181,13 +193,12 @@ def train_one_epoch(
         if steps == 1:  # one sync per epoch: the first step's one-off costs stay out of img/s
             _sync(settings.device)
             steady_start, first_samples = time.perf_counter(), samples
-        if steps % settings.log_every == 0:
-            _check_and_log(meter, first_step + steps, on_log)
-            if should_stop():
-                stopped = True
-                break
+        if steps % settings.log_every == 0 and _log_and_agree(meter, first_step + steps, on_log, agree):
+            stopped = True
+            break
     else:  # the loader ended: ask once more, so a stop requested in the last interval ends the run here
-        stopped = steps > 0 and steps % settings.log_every != 0 and should_stop()
+        if steps > 0 and steps % settings.log_every != 0:
+            stopped = _log_and_agree(meter, first_step + steps, None, agree)
     _sync(settings.device)
     end = time.perf_counter()
     metrics = meter.compute()
@@ -197,12 +208,19 @@ def train_one_epoch(
     return EpochResult(metrics, steps, samples, end - start, stopped, *steady)
 
 
-def _check_and_log(meter: RunningMeter, step: int, on_log: Callable[[int, float], None] | None) -> None:
-    mean_loss = meter.interval_loss()
-    if not math.isfinite(mean_loss):
-        raise NonFiniteLoss(f"loss is {mean_loss} at step {step}")
-    if on_log is not None:
-        on_log(step, mean_loss)
+def _log_and_agree(meter: RunningMeter, step: int, on_log: Callable[[int, float], None] | None, agree: Agree) -> bool:
+    """Log this rank's interval loss, then agree with the other ranks on theirs and on stopping (a stop
+    requested while logging counts at once); raise on a non-finite loss on any rank, on every rank with
+    one message. True when a stop was requested."""
+    loss = meter.interval_loss()
+    if on_log is not None and math.isfinite(loss):
+        on_log(step, loss)
+    stop, losses = agree(loss)
+    bad = [rank for rank, value in enumerate(losses) if not math.isfinite(value)]
+    if bad:
+        where = "" if len(losses) == 1 else " on rank " + ", ".join(map(str, bad))
+        raise NonFiniteLoss(f"loss is {losses[bad[0]]} at step {step}{where}")
+    return stop
 
 
 @torch.inference_mode()

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from inceptionlab import hardware
-from inceptionlab.config import Recipe
+from inceptionlab.config import DataConfig, Recipe, needed_cache_size
 from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
 from inceptionlab.data.loading.sampler import balanced_sample_weights, class_counts, inverse_frequency, split_targets
@@ -106,15 +106,20 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     seed_everything(recipe.train.seed + dist.rank, recipe.train.deterministic)
     splits, train_set, val_set = _read_data(recipe)
     num_classes = _num_classes(recipe, splits)
+    normalisation = (recipe.data.mean, recipe.data.std) if recipe.data.mean is not None else None
     built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
-                        list(splits.class_names), **{**recipe.model.kwargs, **splits.model_kwargs})
+                        list(splits.class_names), normalisation=normalisation,
+                        **{**recipe.model.kwargs, **splits.model_kwargs})
     targets = split_targets(train_set)
     task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight,
                      _class_weights(recipe, targets, num_classes, device))
     shape = _run_shape(recipe, splits, num_classes, len(train_set), dist)
     recipe, speed = resolve_speed_settings(recipe, built.model, task, device, shape, broadcast=_broadcaster(dist),
                                            fresh=fresh_speed, is_main=dist.is_main)
-    recipe, batch_notes = resolve_batch_sizes(recipe, built.model, task, device, shape, broadcast=_broadcaster_of(dist))
+    recipe, found_batch_notes = resolve_batch_sizes(recipe, built.model, task, device, shape,
+                                                    broadcast=_broadcaster_of(dist))
+    recipe, fitted_batch_notes = fit_batch_to_split(recipe, len(train_set), dist.world_size)  # after `auto` is found
+    batch_notes = [*found_batch_notes, *fitted_batch_notes]
     sample_weights = _sample_weights(recipe, targets, num_classes)
     train_loader, val_loader, test_loader = _build_loaders(recipe, splits, train_set, val_set, dist, device,
                                                            sample_weights)
@@ -137,6 +142,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     weights_notes = built.report or ["weights: random init (training from scratch)"]
     notes = [*splits.notes, *weights_notes,
              f"parameters: {parts.describe()}", *_optimizer_notes(recipe, optimizer), *batch_notes,
+             *(cache_size_notes(recipe.data) if recipe.data.reader in READERS else []),
              *_imbalance_notes(recipe, task, targets, num_classes),
              speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
     session = TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
@@ -204,6 +210,36 @@ def _optimizer_notes(recipe: Recipe, optimizer: torch.optim.Optimizer) -> list[s
               if warm.warmup_epochs else "")
     return [f"optimizer: {recipe.optim.name} lr {recipe.optim.lr:g} (head x1, {shown}), {len(groups)} groups; "
             f"{decay}{warmup}"]
+
+
+def fit_batch_to_split(recipe: Recipe, train_size: int, world_size: int) -> tuple[Recipe, list[str]]:
+    """The recipe with train.batch_size at most the training images per process, and what was changed.
+
+    Training drops the last partial batch (every step a full one), so a split smaller than one batch
+    would train no step at all: it trains on one smaller batch of all its images instead, and
+    recipe.resolved.yaml says so. One image per process is refused: BatchNorm in training mode needs
+    two values per channel."""
+    per_rank = -(-train_size // world_size)  # EpochSampler pads so every rank has this many
+    batch = recipe.train.batch_size
+    if per_rank < 2:
+        raise UserError(f"{recipe.data.root}: {per_rank} training image per process: training needs at least 2 "
+                        "per batch (BatchNorm); add images or run fewer processes")
+    if per_rank >= batch:
+        return recipe, []
+    note = (f"the training split has {per_rank} training images per process, fewer than train.batch_size={batch}: "
+            f"each epoch is one batch of {per_rank}")
+    return replace(recipe, train=replace(recipe.train, batch_size=per_rank)), [note]
+
+
+def cache_size_notes(data: DataConfig) -> list[str]:
+    """A warning when data.cache_size keeps images smaller than the eval resize or the training crop
+    needs (validation would upsample what `evaluate` resizes from the file)."""
+    needed = needed_cache_size(data)
+    if data.cache_size is None or needed is None or data.cache_size >= needed:
+        return []
+    return [f"warning: data.cache_size={data.cache_size} keeps a photo's shorter side at {data.cache_size} px, "
+            f"below the {needed} px the model resizes to (data.val_resize_size, data.train_crop_size): validation "
+            f"upsamples such images and differs from `evaluate`; set data.cache_size=null (or {needed})"]
 
 
 def _check_augment(recipe: Recipe) -> None:
@@ -341,7 +377,7 @@ def _build_loaders(recipe: Recipe, splits: Any, train_set: Any, val_set: Any, di
     cfg = recipe.data
     common = dict(seed=recipe.train.seed, num_workers=cfg.num_workers, rank=dist.rank, world_size=dist.world_size,
                   pin_memory=device.type == "cuda", device=device, mode=cfg.loader,
-                  images=_device_image_options(recipe))
+                  images=_device_image_options(recipe), local_world_size=dist.local_world_size)
     train_loader = make_loader(train_set, batch_size=recipe.train.batch_size, train=True, weights=sample_weights,
                                **common)
     val_loader = make_loader(val_set, batch_size=_eval_batch(recipe), train=False, **common)

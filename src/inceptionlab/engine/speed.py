@@ -3,8 +3,16 @@
 inceptionlab.hardware rules candidates out by probe and picks among the rest by images/s; this module supplies
 the measurement: forward + loss + backward + optimizer step on a private copy of the run's model with
 synthetic inputs of the run's shape, so the run itself (its weights, optimizer, RNG streams) is exactly
-what it would have been with the chosen values set by hand. Under torchrun rank 0 decides and every
-rank uses its decision.
+what it would have been with the chosen values set by hand. Candidates are timed eager (torch.compile is
+the probe's decision), within hardware's budget, and the device's cached memory is given back before the
+run's own model and data are placed.
+
+Under torchrun rank 0 decides and every rank uses its decision (broadcast): the others wait for it in
+that collective, so the calibration must end well inside the process group's timeout (NCCL's default
+10 min). It does: nothing is compiled, and once the budget (CALIBRATION_BUDGET_S, 20 s) is spent no
+further candidate runs, so rank 0's wait is the budget plus at most one step of the slowest candidate.
+Calibrating on every rank instead would time each GPU alike but still need one decision (ranks must
+train alike), and on a CPU host the ranks' calibrations would compete for the same cores.
 """
 
 from __future__ import annotations
@@ -25,8 +33,8 @@ from inceptionlab.engine.optim import build_optimizer
 # a training step in ~0.7 s on 2 cores of an AMD EPYC. At 299 px (11.4 GFLOP) that is batch 2.
 # Convolutions' relative speeds (bf16 vs fp32, NHWC vs NCHW) hold across batch sizes on a CPU.
 CPU_CALIBRATION_GFLOP = 26.0
-# torch.compile is a candidate only for runs of at least this many optimizer steps: compiling Inception
-# v3's training graph takes minutes, which a shorter run cannot win back.
+# torch.compile is chosen (by the probe, never timed) only for runs of at least this many optimizer steps:
+# compiling Inception v3's training graph takes minutes, which a shorter run cannot win back.
 COMPILE_MIN_STEPS = 5_000
 
 
@@ -59,6 +67,8 @@ def resolve_speed_settings(recipe: Recipe, model: nn.Module, task: Any, device: 
     if is_main:
         decision = decide_training(recipe, model, task, device, shape, facts, fresh=fresh)
     decision = broadcast(decision)
+    if device.type == "cuda":
+        hardware.free_device_memory()  # the candidates' model copies and activations, before the run's own
     choice = decision.choice
     resolved = replace(train, precision=choice.precision, channels_last=choice.channels_last, compile=choice.compile)
     return replace(recipe, train=resolved), decision
@@ -136,19 +146,19 @@ def synthetic_batch(shape: RunShape, batch: int, device: torch.device, task: str
 
 def training_step(recipe: Recipe, model: nn.Module, task: Any, device: torch.device, candidate: hardware.Candidate,
                   inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
-    """One timed step of `candidate` on a private copy of `model` (the run's own model is untouched)."""
+    """One timed step of `candidate` on a private copy of `model` (the run's own model is untouched),
+    always eager: compile is the probe's decision (hardware.candidates), never timed."""
     from inceptionlab.engine.loop import StepSettings, train_step  # loop imports nothing of this module
 
     memory_format = torch.channels_last if candidate.channels_last else torch.contiguous_format
     copied = copy.deepcopy(model).to(device=device, memory_format=memory_format).train()
-    runner: nn.Module = torch.compile(copied) if candidate.compile else copied
     optimizer = build_optimizer(copied.parameters(), recipe.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=candidate.precision == "fp16")
     settings = StepSettings(device, candidate.precision)
     batch = inputs.contiguous(memory_format=memory_format) if inputs.dim() == 4 else inputs
 
     def step() -> None:
-        train_step(runner, task, optimizer, scaler, settings, batch, targets)
+        train_step(copied, task, optimizer, scaler, settings, batch, targets)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 

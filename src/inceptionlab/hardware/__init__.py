@@ -28,11 +28,11 @@ environment from here before torch loads):
 - `calibration`: timing the candidates within a budget and the `Decision`;
 - `serving`: serving plans (instances x max batch) and their decision;
 - `threads`: usable CPUs and the thread governor;
-- `backends`: cuDNN's autotuner and TF32 for a run;
+- `backends`: cuDNN's autotuner and TF32, one setting per device and precision, for every command;
 - `miopen`: MIOpen's cache folders, set before torch is imported.
 """
 
-from inceptionlab.hardware.backends import cudnn_benchmark, gpu_settings
+from inceptionlab.hardware.backends import GpuSettings, apply_gpu_settings, cudnn_benchmark, gpu_settings, settings_for
 from inceptionlab.hardware.cache import CacheKey, SpeedCache, cache_root, make_key
 from inceptionlab.hardware.calibration import (
     CALIBRATION_BUDGET_S,
@@ -42,6 +42,7 @@ from inceptionlab.hardware.calibration import (
     Decision,
     Measure,
     decide,
+    free_device_memory,
     gflop_per_sample,
     measured_figures,
     pick,
@@ -56,6 +57,7 @@ from inceptionlab.hardware.candidates import (
     Wanted,
     auto_is_safe,
     baseline_of,
+    compile_dynamic_batch,
     compile_options,
     layout_options,
     plan_candidates,
@@ -109,13 +111,14 @@ __all__ = [
     "AMD_BF16_PREFIXES", "AMD_FP16_SLOW_PREFIXES", "AMD_NHWC_UNPROVEN_PREFIXES", "AUTO", "AUTO_ENV", "AUTO_MAX_BATCH",
     "CALIBRATION_BUDGET_S", "CLEAR_MARGIN", "DEFAULT_SLO_MS", "LIGHT_LOAD", "MAX_AUTO_INSTANCES", "MAX_TIMED_STEPS",
     "MIN_TIMED_STEPS", "MIOPEN_VARS", "NVIDIA_BF16_FROM", "NVIDIA_FP16_FROM", "NVIDIA_TF32_FROM", "SAFE",
-    "SERVE_BUDGET_S", "SLO_RATE_MARGIN", "CacheKey", "Candidate", "CpuSample", "Decision", "DeviceFacts", "Measure",
-    "PlanLatency", "ServeDecision", "ServePlan", "SpeedCache", "ThreadGovernor", "Wanted", "auto_delay_ms",
-    "auto_is_safe", "baseline_of", "batch_times", "cache_root", "cgroup_cpu_quota", "compile_options",
-    "conv_slowdown", "cpu_facts", "cpu_sample", "cudnn_benchmark", "decide", "decide_serving", "device_facts",
-    "emulation_warning", "gflop_per_sample", "gpu_facts", "gpu_facts_from", "gpu_settings", "instance_threads",
-    "layout_options", "make_key", "measured_figures", "measured_plans", "miopen_environment", "no_bf16_reason",
-    "others_cpu_seconds", "others_cpus",
-    "pick", "pick_plan", "plan_candidates", "plan_delay_ms", "precision_options", "prepare_process_environment",
-    "replace_choice", "rocm_build_tag", "serve_plans", "simulate_plans", "thread_limit", "time_steps", "usable_cpus",
+    "SERVE_BUDGET_S", "SLO_RATE_MARGIN", "CacheKey", "Candidate", "CpuSample", "Decision", "DeviceFacts",
+    "GpuSettings", "Measure", "PlanLatency", "ServeDecision", "ServePlan", "SpeedCache", "ThreadGovernor", "Wanted",
+    "apply_gpu_settings", "auto_delay_ms", "auto_is_safe", "baseline_of", "batch_times", "cache_root",
+    "cgroup_cpu_quota", "compile_dynamic_batch", "compile_options", "conv_slowdown", "cpu_facts", "cpu_sample",
+    "cudnn_benchmark", "decide", "decide_serving", "device_facts", "emulation_warning", "free_device_memory",
+    "gflop_per_sample", "gpu_facts", "gpu_facts_from", "gpu_settings", "instance_threads", "layout_options",
+    "make_key", "measured_figures", "measured_plans", "miopen_environment", "no_bf16_reason", "others_cpu_seconds",
+    "others_cpus", "pick", "pick_plan",
+    "plan_candidates", "plan_delay_ms", "precision_options", "prepare_process_environment", "replace_choice",
+    "rocm_build_tag", "serve_plans", "settings_for", "simulate_plans", "thread_limit", "time_steps", "usable_cpus",
 ]

@@ -69,6 +69,14 @@ class SpeedCache:
         return self.root / f"{key.purpose}-{key.digest()}.json"
 
     def load(self, key: CacheKey) -> dict[str, float]:
+        """Images/s per candidate label measured under `key`."""
+        return {label: float(v) for label, v in self._read(key).get("img_per_s", {}).items()}
+
+    def failures(self, key: CacheKey) -> dict[str, str]:
+        """Why each candidate that failed (or was too slow) under `key` gave no figure."""
+        return {label: str(why) for label, why in self._read(key).get("failed", {}).items()}
+
+    def _read(self, key: CacheKey) -> dict[str, Any]:
         path = self.path(key)
         try:
             data = json.loads(path.read_text())
@@ -77,14 +85,19 @@ class SpeedCache:
         except (OSError, ValueError):
             log.warning("ignoring unreadable speed cache %s", path, exc_info=True)
             return {}
-        if data.get("key") != _key_dict(key):  # a hash collision or an edited file: measure again
+        if not isinstance(data, dict) or data.get("key") != _key_dict(key):  # a hash collision or an edited file
             return {}
-        return {label: float(v) for label, v in data.get("img_per_s", {}).items()}
+        return data
 
-    def store(self, key: CacheKey, measured: Mapping[str, float]) -> None:
-        figures = {**self.load(key), **measured}
+    def store(self, key: CacheKey, measured: Mapping[str, float], failed: Mapping[str, str] | None = None) -> None:
+        """Add figures and failures to what is there; a candidate's latest outcome replaces its earlier one."""
+        failed = dict(failed or {})
+        figures = {label: v for label, v in self.load(key).items() if label not in failed}
+        figures.update(measured)
+        failures = {label: why for label, why in self.failures(key).items() if label not in measured}
+        failures.update(failed)
         try:
-            atomic_write_json(self.path(key), {"key": _key_dict(key), "img_per_s": figures,
+            atomic_write_json(self.path(key), {"key": _key_dict(key), "img_per_s": figures, "failed": failures,
                                                "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
         except OSError:  # a read-only home: decide again next time, but say so once
             log.warning("could not write the speed cache under %s", self.root, exc_info=True)

@@ -163,11 +163,11 @@ def decide_serving(plans: list[ServePlan], measure: Callable[[ServePlan, float],
         figures, source = {}, "pinned"
         if delay_ms is None and plans[0].max_batch > 1 and measure is not None:
             figures, source = measured_figures([ServePlan(plans[0].instances, 1)], measure, key, cache, fresh,
-                                               SERVE_BUDGET_S, {}, clock)
+                                               SERVE_BUDGET_S, {}, clock, stop_when_spent=False)
         choice, latency = plans[0], {}
     else:
         figures, source = measured_figures(measured_plans(plans), measure, key, cache, fresh, SERVE_BUDGET_S, {},
-                                           clock)
+                                           clock, stop_when_spent=False)
         latency = simulate_plans(plans, figures, slo_ms, delay_ms)
         choice = pick_plan(plans, latency, figures)
     threads = None if gpu else instance_threads(cpus, choice.instances)

@@ -13,6 +13,10 @@ For every batch size, every configuration (backend x precision x layout):
    processes' CPU use while the row's calls ran (`others_cpus`, sampled as the thread governor samples
    it; over BUSY_CPUS: the row says `machine_busy`, and the output warns).
 
+With `--tta` a configuration also runs with test-time augmentation: each call makes every view of its
+batch (models/tta.py), runs the model on each and averages the logits, as `serve --tta` does, so the
+speed-up column against plain eager fp32 is TTA's cost.
+
 Reduced precisions (bf16, fp16, int8) are also run on held-out real images and compared with fp32
 PyTorch: `agreement` (top-1) and `usable` (quantize.MIN_AGREEMENT on >= MIN_HOLDOUT_IMAGES).
 Several configurations in one call get a speed-up column against eager fp32 NCHW (always measured
@@ -27,9 +31,11 @@ import logging
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
 import torch
@@ -59,10 +65,11 @@ from inceptionlab.infer.runtimes import (
     get_runtime,
 )
 from inceptionlab.infer.source import ModelSource
+from inceptionlab.models.tta import iter_views
 
 log = logging.getLogger(__name__)
 
-ROW_KEYS = ("backend", "precision", "layout", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
+ROW_KEYS = ("backend", "precision", "layout", "tta", "batch", "provider", "setup_ms", "first_ms", "mean_ms", "p50_ms",
             "p90_ms", "p99_ms", "img_per_s", "img_per_s_mean", "gflop_per_image", "gflops", "speedup", "spread",
             "unsteady", "others_cpus", "machine_busy", "agreement", "usable")
 
@@ -72,11 +79,32 @@ class Config:
     backend: str
     precision: str
     layout: str
+    tta: str = "none"  # test-time augmentation around every call (AugmentedSession)
 
     @property
     def label(self) -> str:
         layout = "" if self.layout in (NATIVE_LAYOUT, "nchw") else f" {self.layout}"
-        return f"{self.backend} {self.precision}{layout}"
+        tta = "" if self.tta == "none" else f" tta {self.tta}"
+        return f"{self.backend} {self.precision}{layout}{tta}"
+
+
+class AugmentedSession(RuntimeSession):
+    """A session that runs every TTA view of its batch and averages the logits (what serve --tta does per
+    batch): the views are made, placed and run inside the timed call."""
+
+    def __init__(self, inner: RuntimeSession, mode: str):
+        self.inner, self.mode = inner, mode
+        self.provider, self.batch = inner.provider, inner.batch
+
+    def place(self, inputs: np.ndarray) -> Any:
+        return inputs
+
+    def run(self, placed: Any) -> Any:
+        return [self.inner.run(self.inner.place(np.ascontiguousarray(view.numpy())))
+                for view in iter_views(torch.from_numpy(placed), self.mode)]
+
+    def to_numpy(self, output: Any) -> np.ndarray:
+        return np.mean([self.inner.to_numpy(o) for o in output], axis=0)
 
 
 BASELINE = Config("eager", "fp32", "nchw")
@@ -113,8 +141,9 @@ def auto_precisions(facts: hardware.DeviceFacts) -> tuple[list[str], dict[str, s
 
 
 def plan(backends: list[str], precisions: list[str], layouts: list[str],
-         facts: hardware.DeviceFacts | None = None) -> list[Config]:
-    """Every backend x precision (x layout for PyTorch backends); eager fp32 NCHW first when comparing.
+         facts: hardware.DeviceFacts | None = None, ttas: list[str] | None = None) -> list[Config]:
+    """Every backend x precision (x layout for PyTorch backends) x TTA mode; eager fp32 NCHW without TTA
+    first when comparing.
 
     `auto` in `precisions` stands for `auto_precisions(facts)`; `auto` in `layouts` for both layouts.
     """
@@ -133,7 +162,7 @@ def plan(backends: list[str], precisions: list[str], layouts: list[str],
             if precision not in named and precision not in runtime.precisions:
                 continue  # auto asks each runtime only for what it has (ONNX Runtime has no bf16 path)
             for layout in (layouts if runtime.layouts == TORCH_LAYOUTS else [NATIVE_LAYOUT]):
-                configs.append(Config(backend, precision, layout))
+                configs.extend(Config(backend, precision, layout, tta) for tta in ttas or ["none"])
     configs = list(dict.fromkeys(configs))
     if len(configs) > 1:  # a comparison: eager fp32 NCHW first, the reference for every speed-up
         if BASELINE in configs:
@@ -209,6 +238,7 @@ class _Timed:
     other_cpu_s: float = 0.0
     wall_s: float = 0.0
     others_known: bool = True
+    settings: Callable[[], ContextManager[Any]] = nullcontext  # its process-wide GPU flags, around each call
 
     def timing(self) -> Timing:
         others = self.other_cpu_s / self.wall_s if self.others_known and self.wall_s > 0 else None
@@ -230,18 +260,20 @@ def time_in_rounds(timed: list[_Timed], iters: int, warmup: int, rounds: int = R
     the row whose calls it overlapped. Python's garbage collector is paused while calls are timed (as
     `timeit` does)."""
     for row in timed:
-        start = clock()
-        row.session.run(row.placed)
-        row.first_ms = (clock() - start) * 1e3
-        for _ in range(warmup):
+        with row.settings():
+            start = clock()
             row.session.run(row.placed)
+            row.first_ms = (clock() - start) * 1e3
+            for _ in range(warmup):
+                row.session.run(row.placed)
     gc.collect()
     gc_was_on = gc.isenabled()
     gc.disable()  # a collection inside a timed call would be charged to the runtime
     try:
         for number, calls in enumerate(round_sizes(iters, rounds)):
             for row in (timed if number % 2 == 0 else reversed(timed)):
-                _one_turn(row, calls, clock, sample)
+                with row.settings():
+                    _one_turn(row, calls, clock, sample)
     finally:
         if gc_was_on:
             gc.enable()
@@ -394,18 +426,26 @@ def _open_sessions(configs: list[Config], artifacts: Artifacts, settings: BenchS
     timed = []
     inputs = random_inputs(batch, artifacts.source.spec.input_shape)  # latency does not depend on values
     skipped = {s.config for s in report.skipped}
+    facts = hardware.device_facts(settings.target.device)
     for config in configs:
         if config in skipped:
             continue
         started = time.perf_counter()
         try:
-            session = get_runtime(config.backend).open(artifacts, config.precision, config.layout, settings.target, batch)
+            # Every row with the cuDNN autotuner and TF32 its precision gets everywhere (hardware.backends):
+            # eager rows tuned as the engines they are compared with (its turns run under them too).
+            with hardware.gpu_settings(facts, config.precision):
+                session = get_runtime(config.backend).open(artifacts, config.precision, config.layout,
+                                                           settings.target, batch)
+            if config.tta != "none":
+                session = AugmentedSession(session, config.tta)
         except Unsupported as exc:
             report.skipped.append(Skipped(config, str(exc)))
             log(f"skipped {config.label}: {exc}")
             continue
         setup_ms = (time.perf_counter() - started) * 1e3
-        timed.append(_Timed(config, session, session.place(inputs), setup_ms))
+        timed.append(_Timed(config, session, session.place(inputs), setup_ms,
+                            settings=partial(hardware.gpu_settings, facts, config.precision)))
     return timed
 
 
@@ -429,7 +469,7 @@ def _judge(timed: list[_Timed], reference: _Reference, settings: BenchSettings, 
            log: Callable[[str], None]) -> None:
     """Top-1 agreement with fp32 of each reduced precision, once (at its first batch size)."""
     for t in timed:
-        if t.config.precision in REDUCED_PRECISIONS and t.config not in report.verdicts:
+        if t.config.precision in REDUCED_PRECISIONS and t.config.tta == "none" and t.config not in report.verdicts:
             # At least MIN_HOLDOUT_IMAGES whatever --holdout says: fewer cannot tell 99% from 97%.
             verdict = judge(reference.logits(), t.session.predict(reference.inputs()), settings.min_agreement)
             report.verdicts[t.config] = verdict
@@ -471,7 +511,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """One comparison table, grouped by batch size, fastest first within a batch, with a key to its
     figures: img/s and speed-up come from the median (p50); `spread` is how far the rounds' medians
     differ ("!": over SPREAD_LIMIT, a figure not to trust); `others` is other processes' CPU use then."""
-    header = (f"{'backend':<12} {'precision':<9} {'layout':<13} {'batch':>5} {'first ms':>9} {'mean ms':>9} "
+    tta = any(r.get("tta", "none") != "none" for r in rows)
+    header = (f"{'backend':<12} {'precision':<9} {'layout':<13} " + (f"{'tta':<10} " if tta else "") +
+              f"{'batch':>5} {'first ms':>9} {'mean ms':>9} "
               f"{'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'img/s p50':>9} {'GFLOP/s':>8} {'speed-up':>8} "
               f"{'spread':>7} {'others':>6} {'agree':>6} {'usable':>6}  provider")
     lines = [header, "-" * len(header)]
@@ -483,7 +525,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             spread = None if r.get("spread") is None else f"{r['spread']:.0%}" + ("!" if r.get("unsteady") else " ")
             others = None if r.get("others_cpus") is None else f"{r['others_cpus']:.2f}"
             lines.append(
-                f"{r['backend']:<12} {r['precision']:<9} {r['layout']:<13} {batch:>5} {r['first_ms']:>9.1f} "
+                f"{r['backend']:<12} {r['precision']:<9} {r['layout']:<13} " +
+                (f"{r.get('tta', 'none'):<10} " if tta else "") + f"{batch:>5} {r['first_ms']:>9.1f} "
                 f"{r['mean_ms']:>9.2f} {r['p50_ms']:>9.2f} {r['p90_ms']:>9.2f} {r['p99_ms']:>9.2f} "
                 f"{r['img_per_s']:>9.1f} {_fmt(r['gflops'], 8, '.1f')} {_fmt(speedup, 8)} {_fmt(spread, 7)} "
                 f"{_fmt(others, 6)} {_fmt(agree, 6)} {_fmt(usable, 6)}  {r['provider']}")

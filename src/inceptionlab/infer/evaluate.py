@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from inceptionlab import hardware
 from inceptionlab.config import load_recipe
+from inceptionlab.data.datasets.file_list import recorded_split
 from inceptionlab.data.datasets.imagefolder import RobustImageFolder
 from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.readers import read_eval_split
@@ -25,7 +27,8 @@ from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json
-from inceptionlab.infer.results import LogitsRecorder, check_aligned, sample_files, write_results
+from inceptionlab.infer.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
+from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
 from inceptionlab.models.registry import load_pretrained_model, load_run_model
 from inceptionlab.models.spec import ModelSpec
@@ -87,11 +90,32 @@ class PerImage:
 
 
 @dataclass
+class Scores:
+    """Every scored image's logits, for calibration: the per-image table's (as the model answered,
+    averaged over the TTA views if any) and, with TTA, those of view 0 of the same pass (the image
+    itself) to measure what TTA gained."""
+
+    logits: Any  # float32 (N, C) numpy array, a binary model's z as [0, z]: the table's logits.npy
+    targets: Any  # int64 (N,)
+    tta: str = "none"
+    plain_logits: Any = None  # float32 (N, C) without TTA; None when tta is none
+    validation: bool = True  # scored on the split a checkpoint is chosen by: the one to fit a rule on
+
+    @classmethod
+    def collect(cls, rows: PerImage, runner: torch.nn.Module, tta: str, validation: bool) -> "Scores":
+        plain = None
+        if isinstance(runner, TestTimeAugmented) and runner.plain:
+            plain = as_two_class(torch.cat(runner.plain)).cpu().numpy().astype("float32")
+        return cls(rows.logits, rows.targets, tta, plain, validation)
+
+
+@dataclass
 class Evaluation:
     spec: ModelSpec
     result: dict[str, Any]
     present: list[int]  # model class indices that have samples
     per_image: PerImage | None = None
+    scores: Scores | None = None
 
     def report(self) -> dict[str, Any]:
         per_class = self.result["per_class"]
@@ -116,15 +140,24 @@ def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.
                          pin_memory=device.type == "cuda", device=device)
     settings = StepSettings(device, precision, input_preparation(spec, False, device))
     task = make_task(spec.task, spec.num_classes)
-    result = evaluate(model, loader, task, settings, on_batch=recorder)
+    with hardware.gpu_settings(hardware.device_facts(device), precision):  # as training's validation ran
+        result = evaluate(model, loader, task, settings, on_batch=recorder)
     result["skipped"] = loader.skipped
     return result
 
 
+def _tta_runner(model: nn.Module, spec: ModelSpec, tta: str | None) -> tuple[nn.Module, str]:
+    """The model with test-time augmentation (`tta`, else the spec's), recording its plain logits too."""
+    mode = tta or spec.tta
+    if mode != "none" and spec.input_kind != "image":
+        raise UserError(f"--tta {mode}: test-time augmentation transforms images; this model takes {spec.input_kind}")
+    return with_tta(model, mode, record_plain=mode != "none"), mode
+
+
 def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device: torch.device, batch_size: int,
-                 num_workers: int | None, weights: Path | None = None) -> Evaluation:
+                 num_workers: int | None, weights: Path | None = None, tta: str | None = None) -> Evaluation:
     model, spec = load_run_model(run_dir, weights)
-    overrides = [f"data.root={data}"] if data else []
+    overrides = recorded_split(run_dir) + ([f"data.root={data}"] if data else [])  # the run's own split
     if spec.tokenizer:  # score with the vocabulary the model was trained with
         overrides.append(f"data.text.tokenizer={Path(run_dir) / spec.tokenizer}")
     recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", overrides)
@@ -134,29 +167,35 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     if folders != spec.class_names:
         mapping = map_folders_to_model(folders, spec, Path(getattr(dataset, "root", recipe.data.root or "")))
         dataset = TargetMap(dataset, mapping)  # type: ignore[assignment]
+    runner, mode = _tta_runner(model, spec, tta)
     recorder = LogitsRecorder()
-    result = run_evaluation(model, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
+    result = run_evaluation(runner, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
                             recorder=recorder)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
     meta = {"task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()), "recipe": recipe.name,
             "weights": str(weights) if weights else None, "data": str(getattr(dataset, "root", recipe.data.root or "")),
-            "split": split or getattr(recipe.data, "val_split", "val"), "train_split": getattr(recipe.data, "train_split", "train")}
-    return Evaluation(spec, result, present, PerImage.collect(recorder, dataset, result["skipped"], meta))
+            "split": split or getattr(recipe.data, "val_split", "val"), "train_split": getattr(recipe.data, "train_split", "train"),
+            "tta": mode}
+    rows = PerImage.collect(recorder, dataset, result["skipped"], meta)
+    validation = split is None or split == recipe.data.val_split
+    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, validation))
 
 
 def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.device, batch_size: int,
-                        num_workers: int | None) -> Evaluation:
+                        num_workers: int | None, tta: str | None = None) -> Evaluation:
     model, spec = load_pretrained_model(name, weights)
     root = data / "val" if (data / "val").is_dir() else data
-    dataset = RobustImageFolder(root, transform=spec.eval_transform())
+    dataset = RobustImageFolder(root, transform=spec.eval_transform(), max_side=spec.resize_size)
     mapping = map_folders_to_model(dataset.classes, spec, root)
+    runner, mode = _tta_runner(model, spec, tta)
     recorder = LogitsRecorder()
     mapped = TargetMap(dataset, mapping)
-    result = run_evaluation(model, spec, mapped, device=device, batch_size=batch_size, num_workers=num_workers,
+    result = run_evaluation(runner, spec, mapped, device=device, batch_size=batch_size, num_workers=num_workers,
                             recorder=recorder)
     meta = {"task": spec.task, "model": name, "run_dir": None, "recipe": None, "weights": weights, "data": str(Path(root).absolute()),
-            "split": root.name, "train_split": None}
-    return Evaluation(spec, result, sorted(set(mapping)), PerImage.collect(recorder, mapped, result["skipped"], meta))
+            "split": root.name, "train_split": None, "tta": mode}
+    rows = PerImage.collect(recorder, mapped, result["skipped"], meta)
+    return Evaluation(spec, result, sorted(set(mapping)), rows, Scores.collect(rows, runner, mode, True))
 
 
 def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:

@@ -27,7 +27,7 @@ from torch import nn
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import ProgramError, UserError, summary_of
 from inceptionlab.fileio import atomic_write_bytes, atomic_write_json
-from inceptionlab.infer.onnx_graph import INPUT_NAME, OUTPUT_NAME, check_onnx_file, import_onnx
+from inceptionlab.infer.onnx_graph import INPUT_NAME, OUTPUT_NAME, SPEC_KEY, check_onnx_file, import_onnx
 from inceptionlab.infer.opsets import DEFAULT_OPSET, MIN_OPSET
 from inceptionlab.infer.parity import Parity, check_parity
 from inceptionlab.infer.sidecar import read_sidecar, sidecar_metadata, sidecar_path
@@ -86,8 +86,9 @@ def trace_to_onnx(model: nn.Module, input_shape: tuple[int, ...], opset: int, dy
 
 
 def _stamp(proto: Any, source: ModelSource) -> None:
-    """Spec and weights checksum inside the ONNX file too: the graph describes itself anywhere."""
-    for key, value in (("inceptionlab.spec", json.dumps(source.spec.to_dict())),
+    """Spec (with its decision rule: temperature, reject threshold) and weights checksum inside the ONNX
+    file too: the graph describes itself anywhere, and the parity check reads the rule back from it."""
+    for key, value in ((SPEC_KEY, json.dumps(source.spec.to_dict())),
                        ("inceptionlab.weights_sha256", source.weights_sha256)):
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
@@ -126,6 +127,8 @@ def current_export(source: ModelSource, path: Path | None = None, dynamic_batch:
         return None
     if meta.get("source", {}).get("weights_sha256") != source.weights_sha256:
         return None
+    if meta.get("spec") != source.spec.to_dict():
+        return None  # e.g. `evaluate` fitted a new temperature: the stamped rule is stale
     if dynamic_batch and not meta.get("dynamic_batch"):
         return None
     check_onnx_file(path, source.spec)

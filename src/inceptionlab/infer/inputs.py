@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from inceptionlab.config import load_recipe
+from inceptionlab.data.datasets.file_list import read_splits_file, recorded_split
 from inceptionlab.data.io.decode import ImageReadError, load_rgb
 from inceptionlab.data.io.image_files import expand_image_paths, sample_image_files
 from inceptionlab.data.readers import READERS
@@ -32,10 +33,12 @@ def run_val_images(run_dir: Path | None) -> list[Path]:
         return []
 
     try:
-        data = load_recipe(Path(run_dir) / "recipe.resolved.yaml", []).data
+        data = load_recipe(Path(run_dir) / "recipe.resolved.yaml", recorded_split(run_dir)).data
         reader = READERS.get(data.reader)
         if reader is None:  # array datasets (CIFAR-10, MNIST) have no image files
             return []
+        if data.split_file:  # the run split one folder itself: its validation files are listed there
+            return [row.file for row in read_splits_file(Path(data.split_file), reader.root(data)) if row.split == "val"]
         files, _ = expand_image_paths([reader.root(data) / data.val_split])
     except UserError:
         return []

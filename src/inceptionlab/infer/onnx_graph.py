@@ -8,6 +8,7 @@ the int8 calibration compare against.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,17 @@ def check_onnx_file(path: Path, spec: ModelSpec) -> None:
         raise UserError(f"{path}: graph takes {inputs} -> {outputs} but the model ({spec.arch}) takes "
                         f"[batch, {', '.join(map(str, want_in))}] -> [batch, {spec.num_classes}]: it is from "
                         "another model; re-run `inceptionlab export`")
+
+
+SPEC_KEY = "inceptionlab.spec"  # metadata_props entry holding the model spec (classes, preprocessing, decision rule)
+
+
+def stamped_spec(model: bytes | Path) -> ModelSpec | None:
+    """The model spec stamped into an export's metadata (export._stamp), or None for a graph without one."""
+    onnx = import_onnx()
+    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(str(model), load_external_data=False)
+    entry = next((p.value for p in proto.metadata_props if p.key == SPEC_KEY), None)
+    return ModelSpec.from_dict(json.loads(entry)) if entry else None
 
 
 def onnx_logits(model: bytes | Path, inputs: np.ndarray, batch: int | None = 16) -> np.ndarray:

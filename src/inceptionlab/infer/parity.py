@@ -4,6 +4,9 @@
 run's validation images spread over its classes; random inputs only when there are none) and
 `compare_logits` judges the difference: the largest error relative to the largest logit within
 PARITY_RTOL, and top-1 agreement except where PyTorch's own top-1/top-2 margin is inside that error.
+`compare_decisions` then checks the decision rule travelled: the spec stamped into the exported
+file, applied to ONNX Runtime's logits, gives the calibrated probabilities and "unknown" answers that
+the model's own spec gives PyTorch's (a threshold flip passes only within the probabilities' error).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from torch import nn
 
 from inceptionlab.data.io.image_files import sample_image_dir
 from inceptionlab.engine.task import main_logits
+from inceptionlab.infer.calibrate import softmax
 from inceptionlab.infer.inputs import image_files, load_images, normalize, random_inputs, spread
-from inceptionlab.infer.onnx_graph import onnx_logits
+from inceptionlab.infer.onnx_graph import onnx_logits, stamped_spec
 from inceptionlab.infer.source import ModelSource
+from inceptionlab.models.spec import ModelSpec
 
 # Parity: fp32 ONNX Runtime (MLAS) and PyTorch (oneDNN) sum in different orders; on Inception v3 at
 # 299 px they differ by ~1e-6 of the largest logit. 1e-3 of it is far above that noise and far below
@@ -39,6 +44,7 @@ class Parity:
     top1_flips_explained: int  # flips where torch's top-1/top-2 margin is below max_abs
     ok: bool
     rtol: float = PARITY_RTOL
+    decision: dict[str, Any] | None = None  # compare_decisions' figures: the rule read back from the file
 
     @property
     def agreement(self) -> float:
@@ -46,13 +52,22 @@ class Parity:
 
     def describe(self) -> str:
         what = f"{self.images} real images" if self.real else f"{self.images} random inputs (no real images found)"
-        return (f"parity on {what}: max abs err {self.max_abs:.2e}, max rel err {self.max_rel:.2e}, "
+        line = (f"parity on {what}: max abs err {self.max_abs:.2e}, max rel err {self.max_rel:.2e}, "
                 f"top-1 agreement {self.agreement:.1%} ({self.top1_agree}/{self.images}) "
                 f"[tolerance: rel err <= {self.rtol:g}; top-1 must agree unless within max abs err]")
+        if self.decision is not None:
+            d = self.decision
+            line += (f"; decision rule read back from the file: temperature {d['temperature']:.4g}"
+                     + (f", unknown below {d['reject_threshold']:.4f}" if d["reject_threshold"] is not None else "")
+                     + f", calibrated probabilities max abs err {d['probabilities_max_abs_err']:.2e}, "
+                     f"unknown answers agree {d['unknown_agree']}/{self.images}"
+                     + ("" if d["ok"] else f" [FAILED: {d['problem']}]"))
+        return line
 
     def to_dict(self) -> dict[str, Any]:
         return {"images": self.images, "real_images": self.real, "max_abs_err": self.max_abs,
-                "max_rel_err": self.max_rel, "top1_agreement": self.agreement, "rtol": self.rtol, "ok": self.ok}
+                "max_rel_err": self.max_rel, "top1_agreement": self.agreement, "rtol": self.rtol, "ok": self.ok,
+                **({"decision": self.decision} if self.decision is not None else {})}
 
 
 def compare_logits(reference: np.ndarray, candidate: np.ndarray, real: bool, rtol: float = PARITY_RTOL) -> Parity:
@@ -67,6 +82,44 @@ def compare_logits(reference: np.ndarray, candidate: np.ndarray, real: bool, rto
     explained = int((~agree & near_tie).sum())
     ok = max_rel <= rtol and bool(np.all(agree | near_tie))
     return Parity(len(reference), real, max_abs, max_rel, int(agree.sum()), explained, ok, rtol)
+
+
+def _calibrated(logits: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """softmax(logits / T) (a binary model's one logit z as [0, z]), float64."""
+    z = logits.astype(np.float64).reshape(len(logits), -1)
+    if z.shape[1] == 1:
+        z = np.concatenate([np.zeros_like(z), z], axis=1)
+    return softmax(z, spec.temperature)
+
+
+def compare_decisions(reference: np.ndarray, candidate: np.ndarray, spec: ModelSpec,
+                      exported: ModelSpec | None, rtol: float = PARITY_RTOL) -> dict[str, Any]:
+    """The exported file's decision rule against the model's: the same temperature and threshold, and
+    on these inputs calibrated probabilities within `rtol` and the same "unknown" answers (a flip passes
+    only where PyTorch's top probability is within that error of the threshold)."""
+    out: dict[str, Any] = {"temperature": None, "reject_threshold": None, "probabilities_max_abs_err": float("nan"),
+                           "unknown_agree": 0, "ok": False, "problem": ""}
+    if exported is None:
+        out["problem"] = "the exported file carries no model spec"
+        return out
+    out.update(temperature=exported.temperature, reject_threshold=exported.reject_threshold)
+    if (exported.temperature, exported.reject_threshold) != (spec.temperature, spec.reject_threshold):
+        out["problem"] = (f"the file says temperature {exported.temperature}, threshold {exported.reject_threshold}; "
+                          f"the model {spec.temperature}, {spec.reject_threshold}")
+        return out
+    ours, theirs = _calibrated(reference, spec), _calibrated(candidate, exported)
+    error = float(np.abs(ours - theirs).max()) if ours.size else 0.0
+    top_ours, top_theirs = ours.max(axis=1), theirs.max(axis=1)
+    threshold = spec.reject_threshold
+    if threshold is None:
+        agree = np.ones(len(ours), bool)
+    else:
+        agree = ((top_ours < threshold) == (top_theirs < threshold)) | (np.abs(top_ours - threshold) <= error)
+    out.update(probabilities_max_abs_err=error, unknown_agree=int(agree.sum()))
+    out["ok"] = error <= rtol and bool(agree.all())
+    if not out["ok"]:
+        out["problem"] = f"calibrated probabilities differ by {error:.2e} (tolerance {rtol:g}) or unknown answers flip"
+    return out
 
 
 def torch_logits(model: nn.Module, inputs: np.ndarray, batch: int = 16) -> np.ndarray:
@@ -95,4 +148,8 @@ def check_parity(source: ModelSource, model: bytes | Path, images: list[Path] | 
     inputs, real = parity_inputs(source, images)
     reference = torch_logits(source.model, inputs)
     candidate = onnx_logits(model, inputs, batch=16 if dynamic_batch else 1)
-    return compare_logits(reference, candidate, real)
+    parity = compare_logits(reference, candidate, real)
+    if source.spec.input_kind == "image":
+        parity.decision = compare_decisions(reference, candidate, source.spec, stamped_spec(model))
+        parity.ok = parity.ok and parity.decision["ok"]
+    return parity

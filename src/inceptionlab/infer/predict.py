@@ -1,8 +1,10 @@
 """Images -> top-k labels with probabilities, for a pretrained model or a trained run.
 
-The model and its preprocessing come from one place: the run's spec.json, or the pretrained
-weights' own metadata (for torchvision's Inception v3: resize 342, centre crop 299, bilinear,
-ImageNet mean/std; the guide resizes to 299, the weights were evaluated at 342 -> 299).
+The model, its preprocessing and its decision rule come from one place: the run's spec.json, or the
+pretrained weights' own metadata (for torchvision's Inception v3: resize 342, centre crop 299,
+bilinear, ImageNet mean/std; the guide resizes to 299, the weights were evaluated at 342 -> 299).
+The rule: test-time augmentation (`spec.tta`, or `tta=` here), probabilities at the spec's
+temperature, and the answer "unknown" when the top probability is below its reject threshold.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from inceptionlab.data.io.decode import ImageReadError, load_rgb
 from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.engine.task import main_logits, make_task
 from inceptionlab.errors import UserError
+from inceptionlab.infer.calibrate import Decision
+from inceptionlab.infer.tta import with_tta
 from inceptionlab.models.spec import ModelSpec, Normalize
 
 
@@ -26,20 +30,25 @@ class Predictor:
     model: nn.Module
     spec: ModelSpec
     device: torch.device
+    tta: str | None = None  # None: the spec's
 
     def __post_init__(self) -> None:
         if self.spec.input_kind != "image":
             raise UserError(f"this {self.spec.arch} model classifies text: use --text or --text-file, not image files")
         self.model = self.model.to(self.device).eval()
+        self.tta = self.tta or self.spec.tta
+        self.runner = with_tta(self.model, self.tta)  # self.model stays the plain network (Grad-CAM reads it)
+        self.decision = Decision.of(self.spec)
         self.transform = self.spec.eval_transform()
         self.normalize: Normalize = self.spec.normalizer().to(self.device)
         self.task = make_task(self.spec.task, self.spec.num_classes)
 
     @torch.inference_mode()
     def probabilities(self, batch: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW batch (already resized and cropped) -> class probabilities."""
-        logits = main_logits(self.model(self.normalize(batch.to(self.device))))
-        return self.task.probabilities(logits).cpu()
+        """uint8 NCHW batch (already resized and cropped) -> calibrated class probabilities."""
+        logits = main_logits(self.runner(self.normalize(batch.to(self.device))))
+        return self.task.probabilities(self.decision.scale(logits)).cpu()
+
 
     def topk(self, probs: torch.Tensor, k: int) -> list[dict[str, Any]]:
         values, indices = probs.topk(min(k, probs.numel()))
@@ -47,8 +56,9 @@ class Predictor:
         return [{"label": labels[i], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(values, indices)]
 
     def predict_files(self, inputs: Iterable[str | Path], topk: int = 5, batch_size: int = 16) -> Iterator[dict[str, Any]]:
-        """One result per file, in input order (a folder's files in their sorted place): {"file", "topk"},
-        or {"file", "error"} for a file that cannot be read and for an input that names no image."""
+        """One result per file, in input order (a folder's files in their sorted place): {"file", "answer",
+        "score", "unknown", "topk"}, or {"file", "error"} for a file that cannot be read and for an input
+        that names no image."""
         pending: list[Path] = []  # files waiting for a full batch
         for item in inputs:
             files, errors = expand_image_paths([item])
@@ -80,5 +90,7 @@ class Predictor:
             probs = iter(self.probabilities(torch.stack([torch.as_tensor(i) for i in images])))
             for result in results:
                 if "error" not in result:
-                    result["topk"] = self.topk(next(probs), topk)
+                    row = next(probs)
+                    result.update(self.decision.answer(row.numpy(), self.spec.labels))
+                    result["topk"] = self.topk(row, topk)
         yield from results

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
+import logging
 import os
 import platform
+import threading
+import weakref
 from abc import ABC, abstractmethod
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -29,6 +33,7 @@ from typing import Any, Callable, ClassVar, Iterator
 import numpy as np
 import torch
 
+from inceptionlab import hardware
 from inceptionlab.errors import ProgramError, UserError, summary_of
 from inceptionlab.fileio import sha256_file
 from inceptionlab.host import cpu_model_name
@@ -44,6 +49,8 @@ from inceptionlab.infer.quantize import (
 from inceptionlab.infer.source import ModelSource
 from inceptionlab.runtime import AUTOCAST_DTYPES, cpu_capability
 from inceptionlab.torch_build import ORT_CPU, ORT_NVIDIA, migraphx_advice
+
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 REDUCED_PRECISIONS = ("bf16", "fp16", "int8")
@@ -67,6 +74,18 @@ class Target:
     @property
     def device_type(self) -> str:
         return torch.device(self.device).type
+
+    @property
+    def device_index(self) -> int:
+        """The GPU's index, for runtimes that take one (ONNX Runtime's device_id): `cuda:N` is N, plain
+        `cuda` torch's current device (0 until torch has initialised CUDA: asking would initialise it); 0
+        on the CPU."""
+        device = torch.device(self.device)
+        if device.type != "cuda":
+            return 0
+        if device.index is not None:
+            return device.index
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
 
 
 @dataclass
@@ -207,62 +226,157 @@ def inductor_cache_at(directory: Path) -> Iterator[None]:
         yield
 
 
-def inductor_backend(cache: Path, mode: str | None) -> Callable[..., Any]:
-    """torch.compile's Inductor (with `mode`'s options) compiling into `cache`: a backend function, so
-    every compile and recompile (a new batch size) of this session uses this model's cache."""
-    from torch._inductor import list_mode_options
-    from torch._inductor.compile_fx import compile_fx
+# Graphs one compiled configuration may hold before dynamo falls back to eager, where torch.compile takes
+# a per-call limit (2.14: recompile_limit with isolate_recompiles, so configurations do not count against
+# each other; older torch: dynamo's global recompile_limit, 8). A configuration needs one graph per batch
+# size with static shapes (buckets 1..64: 7), two with a dynamic batch dimension.
+RECOMPILE_LIMIT = 16
 
-    patches = list_mode_options(mode, False) if mode else {}
+
+class GraphCalls(threading.local):
+    """Calls of compiled graphs, per thread: a call of the compiled model that ran none fell back to eager."""
+
+    count = 0
+
+
+def inductor_backend(cache: Path, mode: str | None, counts: CompiledModel | None = None) -> Callable[..., Any]:
+    """torch.compile's Inductor (with `mode`'s options) compiling into `cache`: a backend function, so
+    every compile and recompile (a new batch size) of this configuration uses this model's cache.
+
+    Freezing (weights folded into the graph, oneDNN prepacking them once: inference only) is one of the
+    compile's own config patches: a process-wide `inductor.config.patch` around each call changed it
+    for every thread at once. With `counts`, the graphs compiled and their calls are counted there.
+    """
+    from torch._inductor import list_mode_options  # start-up time: Inductor only where compiling
+    from torch._inductor import compile_fx as inductor
+
+    patches = {**(list_mode_options(mode, False) if mode else {}), "freezing": True}
 
     def compile_into_cache(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
         with inductor_cache_at(cache):
-            return compile_fx(graph, example_inputs, config_patches=patches)
+            compiled = inductor.compile_fx(graph, example_inputs, config_patches=patches)
+        if counts is None:
+            return compiled
+        counts.graphs += 1
+        return _counted(compiled, counts.calls)
 
     return compile_into_cache
 
 
+def _counted(compiled: Callable[..., Any], calls: GraphCalls) -> Callable[..., Any]:
+    """`compiled`, counting its calls (dynamo calls a backend's result with the graph's inputs as
+    arguments, as Inductor's own output takes them)."""
+    def run(*args: Any) -> Any:
+        calls.count += 1
+        return compiled(*args)
+
+    return run
+
+
+@dataclass
+class CompiledModel:
+    """One torch.compile of one configuration (model, precision, layout, device, mode), shared by every
+    session of it: serving instances, bucket sizes, plans timed at start-up and the agreement check."""
+
+    dynamic_batch: bool
+    calls: GraphCalls = field(default_factory=GraphCalls)
+    fn: Callable[[torch.Tensor], torch.Tensor] | None = None
+    graphs: int = 0  # compiled so far (each batch size with static shapes; batch 1 and the rest, dynamic)
+    fell_back: bool = False
+
+
+# Compiled configurations of each source model, dropped with it (a model freed and another allocated at
+# its address never finds the first one's graphs).
+_COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, CompiledModel]] = weakref.WeakKeyDictionary()
+_COMPILED_LOCK = threading.Lock()
+
+
+def compiled_model(model: torch.nn.Module, precision: str, layout: str, device: torch.device, mode: str | None,
+                   cache: Path, dynamic_batch: bool) -> CompiledModel:
+    """The configuration's compiled model, made on first use: a private copy of `model` in the layout
+    and on the device, compiled with the batch dimension dynamic or each batch size static."""
+    key = (precision, layout, str(device), mode, str(cache), dynamic_batch)
+    with _COMPILED_LOCK:
+        known = _COMPILED.setdefault(model, {})
+        if key not in known:
+            memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+            copied = copy.deepcopy(model).to(device, memory_format=memory_format).eval()
+            made = CompiledModel(dynamic_batch)
+            options: dict[str, Any] = {"backend": inductor_backend(cache, mode, made),
+                                       "dynamic": None if dynamic_batch else False}
+            accepted = inspect.signature(torch.compile).parameters
+            if "isolate_recompiles" in accepted and "recompile_limit" in accepted:
+                options.update(isolate_recompiles=True, recompile_limit=RECOMPILE_LIMIT)
+            made.fn = torch.compile(copied, **options)
+            known[key] = made
+        return known[key]
+
+
 class TorchSession(RuntimeSession):
-    """Eager PyTorch, or torch.compile's Inductor when `compile_cache` names the folder of its caches."""
+    """Eager PyTorch, or torch.compile's Inductor when `compile_cache` names the folder of its caches
+    (one compile per configuration, `compiled_model`, shared by every session of it)."""
 
     def __init__(self, model: torch.nn.Module, precision: str, layout: str, device: str, batch: int,
-                 compile_mode: str | None = None, compile_cache: Path | None = None, threads: int | None = None):
+                 compile_mode: str | None = None, compile_cache: Path | None = None, threads: int | None = None,
+                 dynamic_batch: bool = True):
         self.device, self.batch, self.threads = torch.device(device), batch, threads
         self.memory_format = torch.channels_last if layout == "channels_last" else torch.contiguous_format
-        # A private copy: layouts and compiled graphs of one configuration never leak into the next.
-        model = copy.deepcopy(model).to(self.device, memory_format=self.memory_format).eval()
         self.dtype = AUTOCAST_DTYPES[precision]
-        self.fn: Callable[[torch.Tensor], torch.Tensor] = model
-        self.compiled = compile_cache is not None
-        # Inductor's freezing folds weights into the graph (oneDNN prepacks them once): inference only.
-        self.grad_mode: Callable[[], Any] = torch.no_grad if self.compiled else torch.inference_mode
-        # Inductor's freezing (constant-folds weights into the graph) applies to this session's calls only:
-        # patched around each call rather than set globally, so training in the same process is unaffected.
+        self.compiled: CompiledModel | None = None
         if compile_cache is not None:
-            self.fn = torch.compile(model, backend=inductor_backend(compile_cache, compile_mode), dynamic=False)
-        kind = f"torch.compile ({compile_mode or 'default'}, inductor)" if self.compiled else "torch eager"
+            self.compiled = compiled_model(model, precision, layout, self.device, compile_mode, compile_cache,
+                                           dynamic_batch)
+            self.fn: Callable[[torch.Tensor], torch.Tensor] = self.compiled.fn
+        else:
+            # A private copy: layouts of one configuration never leak into the next.
+            self.fn = copy.deepcopy(model).to(self.device, memory_format=self.memory_format).eval()
+        # Inductor's freezing folds weights into the graph (oneDNN prepacks them once): no_grad, not
+        # inference_mode, around compiled calls.
+        self.grad_mode: Callable[[], Any] = torch.no_grad if self.compiled else torch.inference_mode
+        batch_kind = ("dynamic batch" if dynamic_batch else "static batch") + ", "
+        kind = (f"torch.compile ({compile_mode or 'default'}, {batch_kind if self.compiled else ''}inductor)"
+                if self.compiled else "torch eager")
         self.provider = f"{kind} {self.device.type} " + (f"autocast {precision}" if self.dtype else "fp32")
 
     def place(self, inputs: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(inputs).to(self.device).contiguous(memory_format=self.memory_format)
+        placed = torch.from_numpy(inputs).to(self.device).contiguous(memory_format=self.memory_format)
+        if self.compiled is not None and self.compiled.dynamic_batch and len(placed) > 1:
+            # One graph for every batch size from 2 on (dynamo specialises 0 and 1 anyway): batch 1 and
+            # this one are all the graphs a configuration compiles, whatever its buckets.
+            torch._dynamo.mark_dynamic(placed, 0)
+        return placed
 
     def run(self, placed: torch.Tensor) -> torch.Tensor:
         if self.threads and self.device.type == "cpu" and torch.get_num_threads() != self.threads:
             # OpenMP's team size is a per-thread setting: each serving instance's worker thread sets its own.
             torch.set_num_threads(self.threads)
         autocast = torch.autocast(self.device.type, dtype=self.dtype) if self.dtype else nullcontext()
-        with self.grad_mode(), autocast, self._inductor_config():
+        before = self.compiled.calls.count if self.compiled is not None else 0
+        with self.grad_mode(), autocast:
             output = self.fn(placed)
+        if self.compiled is not None and self.compiled.calls.count == before:
+            self._fell_back(len(placed))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return output
 
-    def _inductor_config(self) -> Any:
-        # A fresh patch per call: microseconds, and safe when sessions run in several threads.
-        return torch._inductor.config.patch(freezing=True) if self.compiled else nullcontext()
+    def _fell_back(self, batch: int) -> None:
+        """The compiled model ran no compiled graph: dynamo ran it eager (its recompile limit reached, or
+        a graph it could not compile). Said once per configuration, and in this session's provider."""
+        if not self.provider.endswith(FELL_BACK):
+            self.provider += FELL_BACK
+        if not self.compiled.fell_back:
+            self.compiled.fell_back = True
+            log.warning("torch.compile fell back to eager for %s at batch %d: dynamo's recompile limit was reached "
+                        "or the graph could not be compiled (TORCH_LOGS=recompiles,graph_breaks says which); the "
+                        "figures of this configuration are eager PyTorch's", self.provider.removesuffix(FELL_BACK),
+                        batch)
 
     def to_numpy(self, output: torch.Tensor) -> np.ndarray:
         return output.float().cpu().numpy()
+
+
+FELL_BACK = " (fell back to eager)"
 
 
 def _torch_precision_check(precision: str, device: str) -> None:
@@ -303,8 +417,9 @@ class CompileRuntime(Runtime):
         _torch_precision_check(precision, target.device_type)
         # Inductor's on-disk caches (FX graphs, kernels) under the model's cache: a second run reuses them.
         mode = "max-autotune" if target.tune else None
+        dynamic, _ = hardware.compile_dynamic_batch(hardware.device_facts(target.device))
         return TorchSession(artifacts.source.model, precision, layout, target.device, batch, mode,
-                            compile_cache=artifacts.cache / "inductor", threads=target.threads)
+                            compile_cache=artifacts.cache / "inductor", threads=target.threads, dynamic_batch=dynamic)
 
 
 # --------------------------------------------------------------------------------------- ONNX Runtime
@@ -319,14 +434,18 @@ def _no_options(precision: str, cache: Path, target: Target, shape: str) -> dict
 
 
 def _cuda_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
-    # EXHAUSTIVE tries every cuDNN algorithm once per shape (the tuning step), HEURISTIC asks cuDNN.
-    return {"device_id": "0", "cudnn_conv_algo_search": "EXHAUSTIVE" if target.tune else "HEURISTIC"}
+    # The cuDNN settings PyTorch's rows get (hardware.backends): EXHAUSTIVE tries every cuDNN algorithm
+    # once per shape (what cudnn.benchmark does), HEURISTIC asks cuDNN; TF32 for fp32 where it is on.
+    settings = hardware.settings_for(hardware.device_facts(target.device), precision)
+    tuned = target.tune or (settings is not None and settings.cudnn_benchmark)
+    return {"device_id": str(target.device_index), "cudnn_conv_algo_search": "EXHAUSTIVE" if tuned else "HEURISTIC",
+            "use_tf32": _flag(settings is not None and settings.tf32)}
 
 
 def _tensorrt_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
     # One optimisation profile per batch size; engines and timing caches are reused across runs.
     return {
-        "device_id": "0",
+        "device_id": str(target.device_index),
         "trt_fp16_enable": _flag(precision == "fp16"),
         "trt_int8_enable": _flag(precision == "int8"),  # the QDQ model carries its own scales
         "trt_engine_cache_enable": "1",
@@ -341,7 +460,7 @@ def _tensorrt_options(precision: str, cache: Path, target: Target, shape: str) -
 def _migraphx_options(precision: str, cache: Path, target: Target, shape: str) -> dict[str, str]:
     # The guide's MIGraphX step: compile (cached on disk) and, with --tune, exhaustive kernel tuning.
     return {
-        "device_id": "0",
+        "device_id": str(target.device_index),
         "migraphx_fp16_enable": _flag(precision == "fp16"),
         "migraphx_exhaustive_tune": _flag(target.tune),
         "migraphx_model_cache_dir": str(cache / "migraphx"),
@@ -431,6 +550,8 @@ class OrtSession(RuntimeSession):
                  cache: Path, input_shape: tuple[int, ...]):
         ort = import_onnxruntime()
         self.ort, self.batch, self.io_device = ort, batch, provider.io_device
+        # Inputs and outputs bound on the run's GPU (host memory for MIGraphX): the provider's device_id.
+        self.io_device_id = target.device_index if provider.io_device == "cuda" else 0
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -481,11 +602,11 @@ class OrtSession(RuntimeSession):
         return model, publish
 
     def place(self, inputs: np.ndarray) -> Any:
-        return self.ort.OrtValue.ortvalue_from_numpy(inputs, self.io_device, 0)
+        return self.ort.OrtValue.ortvalue_from_numpy(inputs, self.io_device, self.io_device_id)
 
     def run(self, placed: Any) -> Any:
         self.binding.bind_ortvalue_input(INPUT_NAME, placed)
-        self.binding.bind_output(OUTPUT_NAME, self.io_device)
+        self.binding.bind_output(OUTPUT_NAME, self.io_device, self.io_device_id)
         # Synchronous: ORT waits for the device stream before returning (its default).
         self.session.run_with_iobinding(self.binding)
         return self.binding.get_outputs()[0]

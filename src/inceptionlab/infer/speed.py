@@ -33,18 +33,19 @@ def decide_inference(model: nn.Module, model_name: str, input_shape: tuple[int, 
     if len(input_shape) != 3:  # token ids: no convolution reads a memory format
         candidates = [c for c in candidates if not c.channels_last] or candidates
     key = hardware.make_key("infer", facts, model_name, input_shape, batch, extra="eager")
-    timer = _forward_measure(model, input_shape, batch, device) if measure else None
+    timer = _forward_measure(model, input_shape, batch, device, facts) if measure else None
     return hardware.decide(candidates, timer, key=key, cache=cache or hardware.SpeedCache(), fresh=fresh,
                            budget_s=INFERENCE_BUDGET_S, ruled_out=reasons)
 
 
-def _forward_measure(model: nn.Module, input_shape: tuple[int, ...], batch: int,
-                     device: torch.device) -> hardware.Measure:
+def _forward_measure(model: nn.Module, input_shape: tuple[int, ...], batch: int, device: torch.device,
+                     facts: hardware.DeviceFacts) -> hardware.Measure:
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(batch, *input_shape, generator=generator).to(device)
 
     def measure(candidate: hardware.Candidate, seconds: float) -> float | None:
-        return hardware.time_steps(forward_step(model, inputs, device, candidate), batch, seconds)
+        with hardware.gpu_settings(facts, candidate.precision):  # as bench and serve will run it
+            return hardware.time_steps(forward_step(model, inputs, device, candidate), batch, seconds)
 
     return measure
 

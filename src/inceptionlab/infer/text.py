@@ -18,6 +18,7 @@ from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json, atomic_write_text
+from inceptionlab.infer.calibrate import Decision
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
 
@@ -61,6 +62,7 @@ class TextPredictor:
     def __init__(self, model: nn.Module, spec: ModelSpec, vectorizer: TextVectorizer, device: torch.device):
         self.model, self.spec, self.vectorizer, self.device = model.to(device).eval(), spec, vectorizer, device
         self.task = make_task(spec.task, spec.num_classes)
+        self.decision = Decision.of(spec)  # the run's temperature, as `evaluate` fitted it (T = 1 until then)
 
     @classmethod
     def from_run(cls, run_dir: Path, device: torch.device) -> "TextPredictor":
@@ -75,7 +77,7 @@ class TextPredictor:
         for start in range(0, len(texts), batch_size):
             chunk = texts[start : start + batch_size]
             ids = self.vectorizer.encode(chunk).to(self.device)
-            probs = self.task.probabilities(self.model(ids)).cpu()
+            probs = self.task.probabilities(self.decision.scale(self.model(ids))).cpu()
             for text, p in zip(chunk, probs):
                 index = int(p.argmax())
                 yield {"text": text, "label": self.spec.labels[index], "probability": round(float(p[-1] if len(p) == 2 else p[index]), 6)}

@@ -31,6 +31,7 @@ import yaml
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text, plain_mode
 from inceptionlab.infer.batching import batch_buckets
+from inceptionlab.infer.calibrate import rule_parameters
 from inceptionlab.infer.opsets import runtime_note
 from inceptionlab.models.spec import ModelSpec
 
@@ -141,10 +142,17 @@ def _dims(dims: list[int]) -> str:
 
 
 def config_text(name: str, inputs: list[Tensor], outputs: list[Tensor], options: TritonOptions,
-                labels_file: str | None, note: str = "") -> str:
+                labels_file: str | None, parameters: list[tuple[str, str]] | None = None, note: str = "") -> str:
     """config.pbtxt (protobuf text format of Triton's ModelConfig)."""
     lines = [MARKER, *([f"# {note}"] if note else []), f'name: "{name}"', 'backend: "onnxruntime"',
              f"max_batch_size: {options.max_batch}", ""]
+    if parameters:
+        # The decision rule for clients (the graph answers raw logits): probabilities = softmax(logits /
+        # temperature); "unknown" where the top probability is below reject_threshold. Read with the config.
+        lines += ["# Calibrated probabilities: softmax(logits / temperature); answer \"unknown\" below reject_threshold.",
+                  "# tta: the views the rule was fitted on (their logits averaged); this graph runs one view per call."]
+        lines += [f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}' for key, value in parameters]
+        lines += [""]
     for spec in inputs:
         image = len(spec.dims) == 3
         lines += ["input [", "  {", f'    name: "{spec.name}"', f"    data_type: {spec.data_type}"]
@@ -230,7 +238,8 @@ def write_triton_repository(onnx_file: Path, spec: ModelSpec, root: Path, option
         (staging / "1").mkdir()
         shutil.copyfile(onnx_file, staging / "1" / "model.onnx")  # copyfile: a new file, the umask's mode
         (staging / "labels.txt").write_text("\n".join(spec.labels) + "\n")
-        (staging / "config.pbtxt").write_text(config_text(name, inputs, outputs, options, "labels.txt", note))
+        (staging / "config.pbtxt").write_text(config_text(name, inputs, outputs, options, "labels.txt",
+                                                          rule_parameters(spec, spec.tta), note))
         _swap_into_place(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

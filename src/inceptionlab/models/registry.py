@@ -17,11 +17,11 @@ import torch
 from torch import nn
 
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.config import DataConfig
+from inceptionlab.config import DataConfig, needed_cache_size
 from inceptionlab.errors import UserError
 from inceptionlab.models.parts import AUX_HEAD_ATTRS, output_layers
 from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
-from inceptionlab.models.spec import ModelSpec, Preprocessing
+from inceptionlab.models.spec import IMAGENET_MEAN, IMAGENET_STD, ModelSpec, Preprocessing
 from inceptionlab.models.weights import WeightsSource, fit_weights, read_state_dict, source_from_path
 
 if TYPE_CHECKING:
@@ -41,7 +41,8 @@ _OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
 
 # Builder arguments torchvision's builders set by themselves when given pretrained weights: the
 # Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
-# `transform_input=True` recreates from ImageNet-normalised tensors inside the model.
+# `transform_input=True` recreates from ImageNet-normalised tensors inside the model (its constants are
+# ImageNet's: `build_model` turns it off for any other normalisation, `_transform_input_for`).
 _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
     "inception_v3": {"transform_input": True, "aux_logits": True, "init_weights": False},
     "googlenet": {"transform_input": True, "aux_logits": True, "init_weights": False},
@@ -224,6 +225,18 @@ RANDOM_WEIGHTS = "random"  # --weights random: no file, no download (latency and
 RANDOM_WEIGHTS_SEED = 0  # the same "random" model every time, whatever the caller's RNG state
 
 
+def _transform_input_for(normalisation: tuple[Any, Any] | None) -> bool:
+    """Whether Inception/GoogLeNet's `transform_input` gives the pretrained weights their [-1, 1] inputs:
+    only for ImageNet's mean/std, the constants it inverts. The demo's 0.5/0.5 already gives [-1, 1];
+    converted again, the network saw about half the range it was trained on. Any other normalisation is
+    fed as the recipe gives it (None: the caller's inputs are ImageNet-normalised, as pretrained specs are)."""
+    if normalisation is None:
+        return True
+    mean, std = normalisation
+    close = lambda a, b: len(a) == len(b) and all(abs(x - y) < 1e-6 for x, y in zip(a, b))  # noqa: E731
+    return close(list(mean), IMAGENET_MEAN) and close(list(std), IMAGENET_STD)
+
+
 def _weights_source(name: str, weights: str) -> WeightsSource:
     if weights == "imagenet":
         if name in _OWN_MODELS:
@@ -252,17 +265,22 @@ def build_model(
     weights: str | None = None,
     aux_loss_weight: float | None = None,
     class_names: list[str] | None = None,
+    *,
+    normalisation: tuple[Any, Any] | None = None,
     **kwargs: Any,
 ) -> BuiltModel:
     """A model ready to train or run: starting weights fitted (models/weights.py), heads sized to
     `num_classes`, Inception's aux head kept only when weighted. `class_names` (the dataset's) lets a
-    run's head carry over the classes both have. `weights` "random": random init from
-    RANDOM_WEIGHTS_SEED, the caller's RNG left as it was (--weights random: the same model every time)."""
+    run's head carry over the classes both have. `normalisation`: the (mean, std) its inputs are
+    normalised with, which decides Inception/GoogLeNet's `transform_input` for Google's weights
+    (`_transform_input_for`); weights from a run keep the setting that run recorded. `weights` "random":
+    random init from RANDOM_WEIGHTS_SEED, the caller's RNG left as it was (the same model every time)."""
     _check_known(name)
     if weights == RANDOM_WEIGHTS:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(RANDOM_WEIGHTS_SEED)
-            return build_model(name, num_classes, None, aux_loss_weight, class_names, **kwargs)
+            return build_model(name, num_classes, None, aux_loss_weight, class_names, normalisation=normalisation,
+                               **kwargs)
     check_model_kwargs(name, kwargs)
     weights = _want_pretrained(name, weights)
     wants_aux = aux_loss_weight is not None
@@ -278,6 +296,9 @@ def build_model(
 
     source = _weights_source(name, weights)
     arch_kwargs = {**source.arch_kwargs, **kwargs}
+    google_weights = weights == "imagenet" or source.arch is None  # ImageNet's, or a plain torchvision file
+    if google_weights and "transform_input" in arch_kwargs and "transform_input" not in kwargs:
+        arch_kwargs["transform_input"] = _transform_input_for(normalisation)
     if "aux_logits" in arch_kwargs or name in _PRETRAINED_ARCH_KWARGS:
         arch_kwargs["aux_logits"] = wants_aux
         arch_kwargs["init_weights"] = False  # the weights are loaded right after: skip the slow init
@@ -332,7 +353,7 @@ def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
         return data
     crop = _first_set(data.val_crop_size, defaults.crop_size)
     try:
-        return replace(
+        filled = replace(
             data,
             val_resize_size=_first_set(data.val_resize_size, defaults.resize_size),
             val_crop_size=crop,
@@ -341,6 +362,8 @@ def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
             mean=list(_first_set(data.mean, defaults.mean)),
             std=list(_first_set(data.std, defaults.std)),
         )
+        # The decoded cache keeps what the eval resize and a whole-image training crop need.
+        return replace(filled, cache_size=_first_set(filled.cache_size, needed_cache_size(filled)))
     except ValueError as exc:
         raise UserError(f"{exc} (after filling the empty data fields from {model_name}'s defaults)") from None
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text
+from inceptionlab.models.tta import TTA_VIEWS
 
 if TYPE_CHECKING:
     from torchvision.transforms import v2
@@ -63,10 +64,22 @@ class ModelSpec:
     # Which weights the run keeps (model.pt, best.pt for inference, exports): "raw" (the optimizer's)
     # or "ema" (their exponential moving average, ema.decay set: engine/ema.py).
     weights: str = "raw"
+    # The decision rule, fitted by `evaluate` on the validation split and applied by predict, export
+    # (the graph's metadata, Triton's config) and serve (infer/calibrate.py, models/tta.py):
+    temperature: float = 1.0  # calibrated probabilities: softmax(logits / temperature)
+    reject_threshold: float | None = None  # calibrated top-1 probability below which the answer is "unknown"
+    reject_target: str | None = None  # what the threshold was chosen for on validation, e.g. "precision=0.95"
+    tta: str = "none"  # test-time augmentation: none | flip | crops | flip-crops (logits averaged over views)
 
     def __post_init__(self) -> None:
         if len(self.class_names) != self.num_classes:
             raise ValueError(f"spec has {len(self.class_names)} class names for {self.num_classes} classes")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise ValueError(f"spec temperature {self.temperature!r} must be > 0")
+        if self.reject_threshold is not None and not 0 <= self.reject_threshold <= 1:
+            raise ValueError(f"spec reject_threshold {self.reject_threshold!r} must be in [0, 1]")
+        if self.tta not in TTA_VIEWS:
+            raise ValueError(f"spec tta {self.tta!r} is not one of {', '.join(TTA_VIEWS)}")
 
     @property
     def labels(self) -> list[str]:

@@ -377,7 +377,9 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
     async def list_models() -> dict:
         return {"models": [{"name": m.name, "input_kind": m.spec.input_kind, "arch": m.spec.arch,
                             "classes": m.spec.num_classes, "provider": m.provider, "backend": m.backend,
-                            "precision": m.precision} for m in state.models.values()]}
+                            "precision": m.precision, "temperature": m.spec.temperature,
+                            "reject_threshold": m.spec.reject_threshold, "tta": m.tta}
+                           for m in state.models.values()]}
 
     @app.post("/v1/classify")
     async def classify(request: Request, model: str | None = None, topk: int | None = None) -> JSONResponse:
@@ -462,7 +464,8 @@ def _classify_results(served: ServedModel, names: list[str], probs: Any, k: int,
     key = "file" if served.is_image else "text"
     results = []
     for name, row in zip(names, probs):
-        result: dict[str, Any] = {key: name, "topk": served.topk(row, k)}
+        result: dict[str, Any] = {key: name, **(served.answer(row) if served.is_image else {}),
+                                  "topk": served.topk(row, k)}
         if not served.is_image:  # like `predict --text --json`: label and P(positive)
             top = result["topk"][0]
             result["label"] = top["label"]

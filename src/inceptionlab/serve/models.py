@@ -38,6 +38,8 @@ from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.infer.batching import batch_buckets
 from inceptionlab.errors import UserError
+from inceptionlab.infer.calibrate import Decision
+from inceptionlab.infer.tta import run_with_tta
 from inceptionlab.infer.inputs import image_files
 from inceptionlab.infer.parity import torch_logits
 from inceptionlab.infer.quantize import image_sets, judge
@@ -69,6 +71,10 @@ IMAGE_INPUT = "images"
 ENCODED_INPUT = "image_bytes"
 TEXT_INPUT = "text"
 OUTPUTS = ("probabilities", "logits")
+# A model with a reject threshold (spec.reject_threshold) also answers `unknown`: BOOL [N, 1], true where
+# the calibrated top probability is below the threshold. `probabilities` are calibrated (softmax of
+# logits / spec.temperature); `logits` are the model's own (averaged over the TTA views, if any).
+UNKNOWN_OUTPUT = "unknown"
 # Uploads above this many pixels are refused before decoding: a 40 Mpx RGB image is 120 MB decoded,
 # 12x a 12 Mpx phone photo; JPEGs are drafted down anyway, PNG/TIFF "bombs" would be decoded in full.
 MAX_UPLOAD_PIXELS = 40_000_000
@@ -100,6 +106,7 @@ class ModelLoadSettings:
     max_delay_ms: float | None = None
     fresh: bool = False  # measure the serving plan afresh instead of reusing the speed cache
     slo_ms: float = hardware.DEFAULT_SLO_MS  # the p99 objective the plan is chosen for
+    tta: str | None = None  # test-time augmentation (models/tta.py); None: the model spec's own
 
 
 def auto_backend(device: str, input_kind: str) -> str:
@@ -145,10 +152,12 @@ class ServedModel:
     warmup_s: float = 0.0
     batching: str | None = None  # the serving plan and the evidence it was chosen on
     max_delay_ms: float = 2.0  # how long the batcher waits for a batch to fill
+    tta: str = "none"  # test-time augmentation around the engine (image models)
     task: Any = field(init=False)
 
     def __post_init__(self) -> None:
         self.task = make_task(self.spec.task, self.spec.num_classes)
+        self.decision = Decision.of(self.spec)
         if self.is_image:
             self.transform = self.spec.eval_transform()
             self.normalize = self.spec.normalizer()
@@ -167,8 +176,19 @@ class ServedModel:
     def buckets(self) -> list[int]:
         return self.engines[0].buckets
 
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The outputs a request may ask for (all of them when it names none)."""
+        return OUTPUTS + ((UNKNOWN_OUTPUT,) if self.decision.threshold is not None else ())
+
+    def decision_line(self) -> str:
+        tta = f", test-time augmentation {self.tta}" if self.tta != "none" else ""
+        return self.decision.describe() + tta
+
     def describe(self) -> str:
-        extra = "".join(f"; {note}" for note in (self.agreement, self.batching) if note)
+        rule = self.decision_line() if self.decision.threshold is not None or self.decision.temperature != 1.0 \
+            or self.tta != "none" else None
+        extra = "".join(f"; {note}" for note in (self.agreement, self.batching, rule) if note)
         averaged = ", EMA weights" if self.spec.weights == "ema" else ""  # spec.json: which weights model.pt holds
         return (f"{self.name}: {self.spec.arch} ({self.spec.input_kind}, {self.spec.num_classes} classes{averaged}) from "
                 f"{self.source_label} on {self.provider} [{self.backend} {self.precision}], batches "
@@ -188,6 +208,8 @@ class ServedModel:
         # logits: one column per class, or one for a binary text model (sigmoid gives P(class 1))
         outputs = [{"name": "probabilities", "datatype": "FP32", "shape": [-1, self.spec.num_classes]},
                    {"name": "logits", "datatype": "FP32", "shape": [-1, -1]}]
+        if UNKNOWN_OUTPUT in self.outputs:
+            outputs.append({"name": UNKNOWN_OUTPUT, "datatype": "BOOL", "shape": [-1, 1]})
         return {"name": self.name, "versions": ["1"], "platform": f"inceptionlab_{self.backend}",
                 "inputs": self.declared_inputs(), "outputs": outputs}
 
@@ -261,16 +283,27 @@ class ServedModel:
     # ------------------------------------------------------------------ inference (batcher threads)
 
     def run(self, instance: int, items: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
-        """One batch of requests -> per request {"logits", "probabilities"}."""
+        """One batch of requests -> per request {"logits", "probabilities"} (+ "unknown" with a threshold)."""
         batch = np.concatenate([self._model_input(item) for item in items])
-        logits = self.engines[instance].run(batch)
-        probs = self.task.probabilities(torch.from_numpy(logits)).numpy()
+        logits = self._logits(self.engines[instance], batch)
+        probs = self.task.probabilities(self.decision.scale(torch.from_numpy(logits))).numpy()
+        unknown = self.decision.unknown_mask(probs.max(axis=1)).reshape(-1, 1)
         out, start = [], 0
         for item in items:
             end = start + len(item)
-            out.append({"probabilities": probs[start:end], "logits": self._class_logits(logits[start:end])})
+            answer = {"probabilities": probs[start:end], "logits": self._class_logits(logits[start:end])}
+            if UNKNOWN_OUTPUT in self.outputs:
+                answer[UNKNOWN_OUTPUT] = unknown[start:end]
+            out.append(answer)
             start = end
         return out
+
+    def _logits(self, engine: Engine, batch: np.ndarray) -> np.ndarray:
+        """The engine's logits, averaged over the TTA views of the batch when the model has them."""
+        if self.tta == "none":
+            return engine.run(batch)
+        merged = run_with_tta(lambda view: torch.from_numpy(engine.run(view.numpy())), torch.from_numpy(batch), self.tta)
+        return merged.numpy()
 
     def _model_input(self, item: np.ndarray) -> np.ndarray:
         if item.dtype == np.uint8:  # resized + cropped pixels: the spec's normaliser, as predict does
@@ -280,6 +313,10 @@ class ServedModel:
 
     def _class_logits(self, logits: np.ndarray) -> np.ndarray:
         return logits.reshape(len(logits), -1).astype(np.float32, copy=False)
+
+    def answer(self, probs: np.ndarray) -> dict[str, Any]:
+        """Like `predict --json`: {"answer": label or "unknown", "score", "unknown"}."""
+        return self.decision.answer(probs, self.spec.labels)
 
     def topk(self, probs: np.ndarray, k: int) -> list[dict[str, Any]]:
         """Like `predict --json`: [{"label", "index", "prob"}], most probable first."""
@@ -326,16 +363,30 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
         opener = _text_opener(settings, run_dir)
     else:
         opener = _image_opener(settings, run_dir, model)
+    # The cuDNN autotuner and TF32 of this precision (hardware.backends), for the plan's measurement, the
+    # warm-up and every request after: the server's process runs this model until it exits.
+    hardware.apply_gpu_settings(hardware.device_facts(settings.device), opener.precision)
     decision = decide_plan(opener, settings)
     buckets = batch_buckets(decision.plan.max_batch)
+    tta = served_tta(settings.tta, opener.spec, run_dir or model)
     engines = [opener.engine(buckets, decision.threads) for _ in range(decision.plan.instances)]
     served = ServedModel(name or opener.spec.arch, opener.spec, opener.label, opener.backend, opener.precision,
                          next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
-                         opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms)
+                         opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, tta=tta)
     started = time.perf_counter()
     warm_up(served)
     served.warmup_s = time.perf_counter() - started
+    # What ran, as the warm-up found it: a compiled model that fell back to eager says so (runtimes.py).
+    served.provider = next(iter(engines[0].sessions.values())).provider
     return served
+
+
+def served_tta(asked: str | None, spec: ModelSpec, what: Any) -> str:
+    """--tta as asked, else the spec's; image models only."""
+    tta = asked or spec.tta
+    if tta != "none" and spec.input_kind != "image":
+        raise UserError(f"{what}: --tta {tta} augments images; this model takes {spec.input_kind}")
+    return tta
 
 
 @dataclass

@@ -29,9 +29,10 @@ import numpy as np
 
 from inceptionlab import __version__
 from inceptionlab.errors import UserError, summary_of
+from inceptionlab.infer.calibrate import rule_parameters
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
-from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, OUTPUTS, ServedModel
+from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, ServedModel
 from inceptionlab.serve.protocol import InferRequest, ProtocolError, config_data_type, top_classes
 
 log = logging.getLogger(__name__)
@@ -265,9 +266,9 @@ class ServeState:
             given = ", ".join(repr(t.name) for t in request.inputs) or "none"
             raise ProtocolError(f"model {model.name!r} takes exactly one input per request (given: {given}): "
                                 f"{model.accepted_inputs()}")
-        unknown = [o for o in request.outputs if o not in OUTPUTS]
+        unknown = [o for o in request.outputs if o not in model.outputs]
         if unknown:
-            raise ProtocolError(f"model {model.name!r} has no output {unknown[0]!r}; it has {', '.join(OUTPUTS)}")
+            raise ProtocolError(f"model {model.name!r} has no output {unknown[0]!r}; it has {', '.join(model.outputs)}")
         try:
             self.batchers[model.name].check_size(request.inputs[0].batch)  # before decoding what would be refused
         except ValueError as exc:
@@ -279,7 +280,7 @@ class ServeState:
             else await self.in_thread(model.prepare_tensor, tensor)
         result = await self.submit(model.name, item, count, counted.request_id, timeout_s)
         counted.outcome = "success"
-        outputs = {name: result[name] for name in request.outputs or OUTPUTS}
+        outputs = {name: result[name] for name in request.outputs or model.outputs}
         for name, count in request.classification.items():  # Triton's classification extension
             outputs[name] = top_classes(outputs[name], count, model.spec.labels)
         return outputs
@@ -332,7 +333,8 @@ class ServeState:
             "parameters": {key: {"string_value": value} for key, value in (
                 ("precision", model.precision), ("provider", model.provider),
                 ("accepted_inputs", model.accepted_inputs()),
-                ("labels", "\n".join(model.spec.labels)))},  # one per line in index order, as labels.txt
+                ("labels", "\n".join(model.spec.labels)),  # one per line in index order, as labels.txt
+                *rule_parameters(model.spec, model.tta))},
         }
 
     def model_stats(self, name: str | None = None, version: str = "") -> list[dict[str, Any]]:

@@ -13,25 +13,31 @@ Decisions (docs/troubleshooting.md, "Bad input"):
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from torchvision.datasets import ImageFolder
+from torchvision.datasets import ImageFolder, VisionDataset
 
+from inceptionlab.data.datasets.file_list import SPLITS_FILE, LabelRow, splits_writer
 from inceptionlab.data.io.decode import ImageReadError, UnreadableFile, load_rgb
-from inceptionlab.data.io.image_files import ClassFolders, list_class_folders
+from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS, ClassFolders, list_class_folders
 from inceptionlab.data.splits import SplitPair
 from inceptionlab.errors import UserError
 
 
 class RobustImageFolder(ImageFolder):
     """ImageFolder whose items are `(image, target)`, or `(None, UnreadableFile)` for a file that cannot
-    be decoded. Classes and files are image_files.py's rule (`list_class_folders`), not torchvision's."""
+    be decoded. Classes and files are image_files.py's rule (`list_class_folders`), not torchvision's.
 
-    def __init__(self, root: Path, transform: Any = None):
+    `max_side`: JPEGs are decoded at the smallest reduced scale whose shorter side is still at least
+    this (PIL draft), as `predict`, `serve` and the decoded cache read them (the model's eval resize)."""
+
+    def __init__(self, root: Path, transform: Any = None, max_side: int | None = None):
         self.listing: ClassFolders = list_class_folders(Path(root))
         self.ignored_files: list[str] = self.listing.ignored
-        super().__init__(str(root), transform=transform, loader=load_rgb)
+        loader = partial(load_rgb, max_side=max_side) if max_side else load_rgb
+        super().__init__(str(root), transform=transform, loader=loader)
 
     def find_classes(self, directory: Any) -> tuple[list[str], dict[str, int]]:
         return list(self.listing.classes), {name: i for i, name in enumerate(self.listing.classes)}
@@ -62,9 +68,11 @@ def check_same_classes(train_root: Path, train_classes: list[str], val_root: Pat
     )
 
 
-def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: Any, val_tf: Any) -> SplitPair:
-    train = RobustImageFolder(root / train_split, transform=train_tf)
-    val = RobustImageFolder(root / val_split, transform=val_tf)
+def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: Any, val_tf: Any,
+                        max_sides: tuple[int | None, int | None] = (None, None)) -> SplitPair:
+    """`max_sides`: the JPEG decoding hint (RobustImageFolder's `max_side`) of train and val."""
+    train = RobustImageFolder(root / train_split, transform=train_tf, max_side=max_sides[0])
+    val = RobustImageFolder(root / val_split, transform=val_tf, max_side=max_sides[1])
     check_same_classes(root / train_split, train.classes, root / val_split, val.classes)
     notes = []
     ignored = len(train.ignored_files) + len(val.ignored_files)
@@ -77,3 +85,43 @@ def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: 
             notes.append(f"ignored {len(loose)} image(s) directly in {split.root}/, not in a class folder, "
                          f"e.g. {Path(loose[0]).name}: move them into {split.root}/<class>/ to use them")
     return SplitPair(train, val, list(train.classes), None, notes)
+
+
+class LabelledFiles(RobustImageFolder):
+    """A split given as (file, label) rows (a labels CSV, or files split off one class folder) instead of
+    a folder of class folders; items as RobustImageFolder's. `root` names the data root and the split
+    (`<root>/<split>`, which need not exist): the decoded cache keeps one file per split under it."""
+
+    def __init__(self, rows: list[LabelRow], classes: list[str], root: Path, transform: Any = None,
+                 max_side: int | None = None):
+        # No folder to scan: torchvision's VisionDataset set-up only, then the samples as given.
+        VisionDataset.__init__(self, str(root), transform=transform)
+        self.loader = partial(load_rgb, max_side=max_side) if max_side else load_rgb
+        self.extensions, self.ignored_files = IMAGE_EXTENSIONS, []
+        self.classes, self.class_to_idx = list(classes), {c: i for i, c in enumerate(classes)}
+        self.samples = [(str(row.file), self.class_to_idx[row.label]) for row in rows]
+        self.imgs, self.targets = self.samples, [label for _, label in self.samples]
+
+
+def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf: Any, note: str | None = None,
+                         max_sides: tuple[int | None, int | None] = (None, None)) -> SplitPair:
+    """Train and val datasets from rows whose `split` says which; the rows are recorded with the run."""
+    classes = sorted({row.label for row in rows})
+    parts = {name: [r for r in rows if r.split == name] for name in ("train", "val")}
+    others = sorted({r.split for r in rows} - {"train", "val", "test"})
+    if others:
+        raise UserError(f"split {others[0]!r} in the labels: use train, val (and test)")
+    for name in ("train", "val"):
+        if not parts[name]:
+            raise UserError(f"{root}: no {name} images in the labels; give some rows split={name}, or leave the "
+                            "split column out to split each class by data.val_fraction")
+    missing = sorted(set(classes) - {r.label for r in parts["train"]})
+    if missing:
+        raise UserError(f"{root}: class {missing[0]!r} has no training images; give it some, or remove it")
+    train = LabelledFiles(parts["train"], classes, Path(root) / "train", train_tf, max_sides[0])
+    val = LabelledFiles(parts["val"], classes, Path(root) / "val", val_tf, max_sides[1])
+    test_rows = [r for r in rows if r.split == "test"]
+    test = LabelledFiles(test_rows, classes, Path(root) / "test", val_tf, max_sides[1]) if test_rows else None
+    pair = SplitPair(train, val, classes, None, [note] if note else [], test=test)
+    pair.artifacts[SPLITS_FILE] = splits_writer(rows, Path(root))
+    return pair

@@ -30,7 +30,7 @@ from pathlib import Path
 from inceptionlab.errors import UserError
 
 __all__ = ["IMAGE_EXTENSIONS", "SAMPLE_IMAGES_ENV", "ClassFolders", "class_name", "counts_as_image", "expand_image_paths",
-           "is_hidden", "list_class_folders", "sample_image_dir", "sample_image_files"]
+           "images_under", "is_hidden", "list_class_folders", "sample_image_dir", "sample_image_files"]
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -92,11 +92,20 @@ class ClassFolders:
     loose: list[str] = field(default_factory=list)  # images directly in root, in no class folder
 
 
-def list_class_folders(root: Path) -> ClassFolders:
+def images_under(folder: Path) -> list[Path]:
+    """Image files under `folder` (any depth) by the rule above, sorted; folders that cannot be listed
+    are skipped (`list_class_folders` refuses them instead)."""
+    return _files_in_directory(Path(folder), recursive=True)[0]
+
+
+def list_class_folders(root: Path, strict: bool = True) -> ClassFolders:
     """Every class folder of `root` and its images, by the rule above.
 
     Raises UserError for a missing root, no class folders, a class folder without images, two
     folders that name one class, or a folder that cannot be listed (data would silently be missing).
+    `strict=False` (a data check, which reports such folders itself): empty class folders are kept
+    without samples, folders that cannot be listed count as empty, the first of two folders naming
+    one class is kept, no class folders is an empty listing; a missing root is still an error.
     """
     root = Path(root)
     if not root.is_dir():
@@ -108,21 +117,23 @@ def list_class_folders(root: Path) -> ClassFolders:
             continue
         if entry.is_dir():  # follows links
             name = class_name(entry.name)
+            if name in folders and not strict:
+                continue
             if name in folders:
                 raise UserError(f"{root}: folders {folders[name].name!r} and {entry.name!r} name one class "
                                 f"({name}); merge them")
             folders[name] = Path(entry.path)
         elif counts_as_image(entry.name):
             listing.loose.append(entry.path)
-    if not folders:
+    if not folders and strict:
         where = f"; its {len(listing.loose)} image(s) must sit in class folders" if listing.loose else ""
         raise UserError(f"{root}: no class folders; expected {root}/<class>/<image files>{where}")
     listing.classes = sorted(folders)
     for label, name in enumerate(listing.classes):
         images, others, errors = _files_in_directory(folders[name], recursive=True)
-        if errors:
+        if errors and strict:
             raise UserError(f"{folders[name]}: {errors[0]}; make it readable or remove it")
-        if not images:
+        if not images and strict:
             raise UserError(f"{folders[name]}: class folder has no images; add images or remove the folder")
         listing.samples.extend((str(path), label) for path in images)
         listing.ignored.extend(str(path) for path in others if not path.name.endswith(QUIET_FILES))

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
-from inceptionlab.config import AugmentConfig
+from inceptionlab.config import AugmentConfig, needed_cache_size
 from inceptionlab.data.transforms.device import DEFAULT_RATIO, DeviceAugment
 from inceptionlab.runtime import AUTOCAST_DTYPES
 
@@ -31,10 +31,11 @@ class DeviceImageOptions:
     val_crop_size: int = 299
     mean: tuple[float, ...] = (0.485, 0.456, 0.406)
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
-    cache_size: int = 342
+    cache_size: int = 342  # shorter side kept, px (decoded_cache.kept_size)
     dtype: torch.dtype = torch.float32
     channels_last: bool = False
     augmentation: AugmentConfig = field(default_factory=AugmentConfig)  # policy and erasing after the crop (training)
+    interpolation: str = "bilinear"  # the recipe's data.interpolation: the cache's resize and the device resampler
 
     @classmethod
     def from_recipe(cls, recipe: Any, device: torch.device | str = "cpu") -> "DeviceImageOptions":
@@ -52,14 +53,15 @@ class DeviceImageOptions:
         channels_last = train.channels_last if isinstance(train.channels_last, bool) else True
         return cls(data.train_crop_size, tuple(data.train_crop_scale), DEFAULT_RATIO, data.hflip,
                    data.val_resize_size, data.val_crop_size, tuple(data.mean), tuple(data.std),
-                   data.cache_size, AUTOCAST_DTYPES[precision] or torch.float32, channels_last, recipe.augment)
+                   data.cache_size or needed_cache_size(data), AUTOCAST_DTYPES[precision] or torch.float32,
+                   channels_last, recipe.augment, data.interpolation or "bilinear")
 
     def augment(self, train: bool) -> Any:
         """The batch transform: `DeviceAugment`, or for training with a policy or erasing, `PolicyAugment`
         (the same call)."""
         if train:
             crop = DeviceAugment(self.train_size, self.mean, self.std, True, self.scale, self.ratio, self.hflip,
-                                 dtype=self.dtype, channels_last=self.channels_last)
+                                 dtype=self.dtype, channels_last=self.channels_last, interpolation=self.interpolation)
             if not self.augmentation.per_image:
                 return crop
             # start-up time: the policies read torchvision's tables; imported only when a recipe asks for one
@@ -68,7 +70,7 @@ class DeviceImageOptions:
 
             return PolicyAugment(crop, batch_policy(self.augmentation), self.augmentation.random_erasing)
         return DeviceAugment(self.val_crop_size, self.mean, self.std, False, resize_size=self.val_resize_size,
-                             dtype=self.dtype, channels_last=self.channels_last)
+                             dtype=self.dtype, channels_last=self.channels_last, interpolation=self.interpolation)
 
 
 def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:

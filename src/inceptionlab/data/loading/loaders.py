@@ -2,7 +2,9 @@
 
 Every loader draws its order from `EpochSampler` (a function of seed and epoch alone, sharded across
 ranks), so a run resumed after a crash sees the same batches as one that never stopped; `set_epoch`'s
-`start` skips the samples already consumed.
+`start` skips the samples already consumed. Training loaders yield full batches only (the last
+partial one is dropped, as timm does: a batch of one image breaks BatchNorm in training mode);
+evaluation loaders yield every sample.
 """
 
 from __future__ import annotations
@@ -76,17 +78,20 @@ def make_loader(
     mode: str = "auto",
     images: DeviceImageOptions | None = None,
     weights: torch.Tensor | None = None,
+    local_world_size: int = 1,
 ) -> Loader:
     """Resident (on-device index batches) for in-memory splits unless mode="workers"; DataLoader otherwise.
 
     With `images`, an image folder that fits in memory (or any, for mode="resident") is decoded once
     and augmented on the device (resident.py); one that does not fit (or any, for mode="stream") is
-    decoded in workers batch by batch and augmented on the device (streamed.py).
+    decoded in workers batch by batch and augmented on the device (streamed.py). `local_world_size`:
+    processes on this node (torchrun), which share its host memory and /dev/shm.
     """
     if images is not None and mode != "workers":
         on_images: dict[str, Any] = dict(batch_size=batch_size, train=train, seed=seed, rank=rank,
                                          world_size=world_size, device=device or torch.device("cpu"),
-                                         num_workers=num_workers, weights=weights if train else None)
+                                         num_workers=num_workers, weights=weights if train else None,
+                                         sharers=local_world_size)
         if mode != "stream":
             resident = resident_image_loader(dataset, images, required=mode == "resident", **on_images)
             if resident is not None:
@@ -97,6 +102,6 @@ def make_loader(
     sampler = EpochSampler(len(dataset), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train,
                            weights=weights if train else None)
     if isinstance(dataset, ArraySplit) and mode in ("auto", "resident"):
-        return ResidentLoader(dataset, batch_size, sampler, device or torch.device("cpu"))
+        return ResidentLoader(dataset, batch_size, sampler, device or torch.device("cpu"), drop_last=train)
     return worker_loader(dataset, sampler, batch_size=batch_size, seed=seed, num_workers=num_workers,
-                         pin_memory=pin_memory)
+                         pin_memory=pin_memory, drop_last=train, sharers=local_world_size)

@@ -7,6 +7,11 @@ fit there; each batch is one gather plus one `DeviceAugment` call that returns n
 the training dtype and memory format. The sample order is `EpochSampler`'s (a function of seed and
 epoch); the crop/flip RNG of batch b is a generator seeded from (seed, epoch, rank, b), so a run
 resumed mid-epoch draws exactly the boxes an uninterrupted run draws.
+
+Nothing per step makes the host wait for a GPU: each epoch's order goes to the device once (from
+pinned memory, without blocking) and every batch's index is a slice of it; the host keeps its own copy
+only to gather from a pinned host cache and to see which batches hold portraits. Training batches are
+all full (the last partial one is dropped, `EpochSampler.batches`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_seed, image_folder_of
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
 from inceptionlab.data.splits import ArraySplit
-from inceptionlab.data.transforms.device import DeviceAugment
+from inceptionlab.data.transforms.device import DeviceAugment, upright
 
 if TYPE_CHECKING:
     from inceptionlab.data.loading.decoded_cache import ImageCache
@@ -39,10 +44,11 @@ class ResidentLoader:
     Same order and resume semantics as the DataLoader path (`EpochSampler`).
     """
 
-    def __init__(self, split: ArraySplit, batch_size: int, sampler: EpochSampler, device: torch.device):
+    def __init__(self, split: ArraySplit, batch_size: int, sampler: EpochSampler, device: torch.device,
+                 drop_last: bool = False):
         self.inputs = split.inputs.to(device)
         self.targets = split.targets.to(device)
-        self.batch_size, self.sampler, self.device = batch_size, sampler, device
+        self.batch_size, self.sampler, self.device, self.drop_last = batch_size, sampler, device, drop_last
         self.skipped: list[str] = []
 
     @property
@@ -54,20 +60,28 @@ class ResidentLoader:
         self.sampler.set_epoch(epoch, start)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.tensor(list(self.sampler), dtype=torch.long, device=self.device)
+        order = on_device(self.sampler.batched_order(self.batch_size, self.drop_last), self.device)
         for batch in order.split(self.batch_size):
             yield self.inputs[batch], self.targets[batch]
 
     def __len__(self) -> int:
-        return -(-len(self.sampler) // self.batch_size)
+        return self.sampler.batches(self.batch_size, self.drop_last)
+
+
+def on_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU from pinned memory and without blocking, so the host does not
+    wait there for the steps already queued (a copy from pageable memory does)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 @dataclass
 class ResidentImageLoader:
     """Yields `(normalised images, targets)` batches (the `Loader` protocol of loaders.py)."""
 
-    images: torch.Tensor  # uint8 (N, 3, H, W), on the device or pinned on the host
-    heights: torch.Tensor  # on the device
+    images: torch.Tensor  # uint8 (N, 3, H, W), on the device or pinned on the host; portraits stored turned
+    heights: torch.Tensor  # upright, on the device
     widths: torch.Tensor
     targets: torch.Tensor
     batch_size: int
@@ -77,6 +91,8 @@ class ResidentImageLoader:
     seed: int = 0
     rank: int = 0
     skipped: list[str] = field(default_factory=list)
+    drop_last: bool = False  # training: every batch full
+    portrait: torch.Tensor | None = None  # bool (N,) on the host: which images are stored turned
 
     @property
     def yields_normalised(self) -> bool:
@@ -87,20 +103,25 @@ class ResidentImageLoader:
         self.sampler.set_epoch(epoch, start)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        host_order = self.sampler.batched_order(self.batch_size, self.drop_last)
+        order = on_device(host_order, self.device)  # once per epoch; each step's index is a slice of it
         first_batch = self.sampler.start // self.batch_size
         generator = torch.Generator(device=self.device)
-        for number, batch in enumerate(order.split(self.batch_size), start=first_batch):
+        pinned_host_cache = self.images.device.type == "cpu" and self.device.type != "cpu"
+        batches = zip(host_order.split(self.batch_size), order.split(self.batch_size))
+        for number, (host_index, index) in enumerate(batches, start=first_batch):
             generator.manual_seed(batch_seed(self.seed, self.sampler.epoch, self.rank, number))
-            index = batch.to(self.images.device)
-            pixels = self.images[index]
-            if pixels.device != self.device:  # pinned host cache: copy the gathered uint8 batch only
-                pixels = pixels.pin_memory().to(self.device, non_blocking=True)
-            index = batch.to(self.device)
-            yield self.augment(pixels, self.heights[index], self.widths[index], generator), self.targets[index]
+            if pinned_host_cache:  # gather on the host, copy the uint8 batch only
+                pixels = self.images[host_index].pin_memory().to(self.device, non_blocking=True)
+            else:
+                pixels = self.images[index]
+            heights, widths = self.heights[index], self.widths[index]
+            if self.portrait is not None and bool(self.portrait[host_index].any()):  # a host tensor: no sync
+                pixels = upright(pixels, heights, widths)
+            yield self.augment(pixels, heights, widths, generator), self.targets[index]
 
     def __len__(self) -> int:
-        return -(-len(self.sampler) // self.batch_size)
+        return self.sampler.batches(self.batch_size, self.drop_last)
 
 
 def available_host_bytes() -> int:
@@ -114,13 +135,16 @@ def available_host_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def placement(needed: int, device: torch.device) -> torch.device | None:
-    """Where a cache of `needed` bytes goes: the device, host memory (pinned), or None (too big)."""
+def placement(needed: int, device: torch.device, sharers: int = 1) -> torch.device | None:
+    """Where a cache of `needed` bytes goes: the device, host memory (pinned), or None (too big).
+
+    `sharers`: processes on this node that each keep a copy (torchrun's local world size). Each rank's
+    GPU is its own; host memory is shared, so each may take its share of the host's quarter."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         if needed <= MEMORY_SHARE * free:
             return device
-    if needed <= MEMORY_SHARE * available_host_bytes():
+    if needed <= MEMORY_SHARE * available_host_bytes() / max(1, sharers):
         return torch.device("cpu")
     return None
 
@@ -138,10 +162,12 @@ def resident_image_loader(
     num_workers: int | None,
     required: bool,
     weights: torch.Tensor | None = None,
+    sharers: int = 1,
 ) -> ResidentImageLoader | None:
     """A ResidentImageLoader for an image folder that fits in memory; None means use the DataLoader path.
 
-    `required` (data.loader=resident) skips the size check: the user asked for it.
+    `required` (data.loader=resident) skips the size check: the user asked for it. `sharers`: processes
+    on this node (each keeps a copy in host memory when it does not go to its GPU).
     """
     found = image_folder_of(dataset)
     if found is None:
@@ -151,22 +177,25 @@ def resident_image_loader(
 
     folder, indices = found
     split_root = Path(folder.root)
-    if not required and placement(estimated_bytes(folder.samples, split_root, options.cache_size), device) is None:
+    estimate = estimated_bytes(folder.samples, split_root, options.cache_size)
+    if not required and placement(estimate, device, sharers) is None:
         return None
     workers = default_num_workers() if num_workers is None else num_workers
     sample = 2 * len(indices) < len(folder.samples)  # data.max_*_samples took under half of the split
-    cache = load_or_build(folder.samples, split_root, options.cache_size, workers, build=not sample)
+    cache = load_or_build(folder.samples, split_root, options.cache_size, workers, build=not sample,
+                          interpolation=options.interpolation)
     if cache is None:
         # No current cache: decode only the sample, in memory (16 of tiny-imagenet's 100,000 images:
         # milliseconds instead of a minute for all).
-        cache = decode_split([folder.samples[i] for i in indices], options.cache_size, workers)
+        cache = decode_split([folder.samples[i] for i in indices], options.cache_size, workers, options.interpolation)
         indices = list(range(len(indices)))
-    return _loader_from_cache(cache, indices, options, batch_size, train, seed, rank, world_size, device, weights)
+    return _loader_from_cache(cache, indices, options, batch_size, train, seed, rank, world_size, device, weights,
+                              sharers)
 
 
 def _loader_from_cache(cache: ImageCache, indices: list[int], options: DeviceImageOptions, batch_size: int,
                        train: bool, seed: int, rank: int, world_size: int, device: torch.device,
-                       weights: torch.Tensor | None = None) -> ResidentImageLoader:
+                       weights: torch.Tensor | None = None, sharers: int = 1) -> ResidentImageLoader:
     chosen = torch.tensor(indices, dtype=torch.long)
     readable = chosen[cache.readable[chosen]]
     if weights is not None:  # one per position of `indices`: keep the readable ones'
@@ -174,12 +203,14 @@ def _loader_from_cache(cache: ImageCache, indices: list[int], options: DeviceIma
     reasons = {str(path): path for path in cache.unreadable}
     unreadable = [reasons[cache.paths[i]] for i in chosen[~cache.readable[chosen]].tolist()]
     images = cache.images[readable]
-    where = placement(images.numel(), device) or torch.device("cpu")
+    where = placement(images.numel(), device, sharers) or torch.device("cpu")
     images = images.to(where)
     if where.type == "cpu" and device.type == "cuda":
         images = images.pin_memory()
+    heights, widths = cache.heights[readable], cache.widths[readable]
+    portrait = heights > widths
     sampler = EpochSampler(len(readable), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train,
                            weights=weights)
-    return ResidentImageLoader(images, cache.heights[readable].to(device), cache.widths[readable].to(device),
-                               cache.targets[readable].to(device), batch_size, sampler, device,
-                               options.augment(train), seed, rank, unreadable)
+    return ResidentImageLoader(images, heights.to(device), widths.to(device), cache.targets[readable].to(device),
+                               batch_size, sampler, device, options.augment(train), seed, rank, unreadable,
+                               drop_last=train, portrait=portrait if bool(portrait.any()) else None)

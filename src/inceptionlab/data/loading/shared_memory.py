@@ -51,22 +51,25 @@ def shm_fix(needed: int) -> str:
 
 
 def fit_workers(workers: int, prefetch: int, batch_bytes: int | None, *, what: str,
-                space: Callable[[], tuple[int, int] | None] | None = None) -> int:
+                space: Callable[[], tuple[int, int] | None] | None = None, sharers: int = 1) -> int:
     """`workers`, or fewer when /dev/shm has no room for their batches (logged as a warning).
-    `space`: (size, free) of /dev/shm, host.shared_memory_space by default."""
+    `space`: (size, free) of /dev/shm, host.shared_memory_space by default. `sharers`: processes on this
+    node that load at the same time (torchrun's local world size); each sizes its workers for its share."""
     if workers <= 0 or not batch_bytes:
         return workers
     found = (space or host.shared_memory_space)()
     if found is None:
         return workers
     _, free = found
+    free //= max(1, sharers)
     fitting = workers_that_fit(workers, prefetch, batch_bytes, free)
     if fitting < workers:
         needed = shm_needed(workers, prefetch, batch_bytes)
         log.warning(
-            "%s: /dev/shm has %.0f MiB free, %d DataLoader worker(s) x %d prefetched batch(es) of %.1f MiB need "
-            "%.0f MiB: using %d worker(s) instead; %s gives them room", what, free / MIB, workers, prefetch,
-            batch_bytes / MIB, needed / MIB, fitting, shm_fix(needed))
+            "%s: /dev/shm has %.0f MiB free%s, %d DataLoader worker(s) x %d prefetched batch(es) of %.1f MiB need "
+            "%.0f MiB: using %d worker(s) instead; %s gives them room", what, free / MIB,
+            f" for each of this node's {sharers} processes" if sharers > 1 else "", workers, prefetch,
+            batch_bytes / MIB, needed / MIB, fitting, shm_fix(needed * max(1, sharers)))
     return fitting
 
 

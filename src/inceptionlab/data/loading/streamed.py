@@ -1,12 +1,15 @@
 """`data.loader=stream` for image folders too big to keep: decode in workers, augment on the device.
 
 Each DataLoader worker decodes its files with `decode_to_fit` (decoded_cache.py: the resident cache's
-own decode, so JPEGs are read at a reduced scale through PIL draft when the cache size allows it) and
-pads its batch top-left into one fixed-size uint8 tensor (batch_size, 3, cache_size, cache_size) with
-the true heights and widths beside it. The main process copies that tensor to the device (pinned and
-non-blocking on CUDA) and `DeviceAugment` crops, flips and normalises it there, as the resident loader
-does. The shape is fixed, the last short batch included, so pinned buffers and CUDA graphs see one
-shape; what a worker hands over is uint8 at most cache_size^2 per image (342 px: 351 KB), not floats.
+own decode, so JPEGs are read at a reduced scale through PIL draft when the cache size allows it, and
+the shorter side is kept at cache_size) and pads its batch top-left into one uint8 tensor
+(batch_size, 3, H, W), portraits turned on their side as the cache stores them, H and W the largest
+stored sides of that batch, with the upright heights and widths beside it. The main process copies that
+tensor to the device (pinned and non-blocking on CUDA), puts portraits upright there, and
+`DeviceAugment` crops, flips and normalises it, as the resident loader does. Every batch has batch_size
+rows, the last short one included; its height and width are its own images' (64 px images: 64 x 64,
+not cache_size^2 of padding; 4:3 photos at 342: 342 x 456, 468 KB each). What a worker hands over is
+uint8, not floats.
 
 The same batches as `ResidentImageLoader` for the same seed, epoch and rank: the order is
 `EpochSampler`'s over the same indices, and batch b's crop/flip generator is seeded with
@@ -27,18 +30,18 @@ from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_se
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
 from inceptionlab.data.loading.shared_memory import fit_workers
 from inceptionlab.data.loading.workers import SkipTrackingLoader, partition_unreadable
-from inceptionlab.data.transforms.device import DeviceAugment
+from inceptionlab.data.transforms.device import DeviceAugment, stored, upright
 
-# Batches each worker prepares ahead. 2 (PyTorch's default), not the worker path's 4: a batch of 64 at
-# cache_size 342 is 22 MB of shared memory, so 8 workers x 2 already hold 360 MB of it.
+# Batches each worker prepares ahead. 2 (PyTorch's default), not the worker path's 4: a batch of 64
+# 4:3 photos at cache_size 342 is 30 MB of shared memory, so 8 workers x 2 already hold 510 MB of it.
 PREFETCH = 2
 
 
 class _StreamFiles(Dataset):
-    """Position k of the split -> (uint8 CHW image inside cache_size, target), or (None, UnreadableFile)."""
+    """Position k of the split -> (upright uint8 CHW image, target), or (None, UnreadableFile) if unreadable."""
 
-    def __init__(self, samples: list[tuple[str, int]], cache_size: int):
-        self.samples, self.cache_size = samples, cache_size
+    def __init__(self, samples: list[tuple[str, int]], cache_size: int, interpolation: str = "bilinear"):
+        self.samples, self.cache_size, self.interpolation = samples, cache_size, interpolation
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -47,25 +50,28 @@ class _StreamFiles(Dataset):
         from inceptionlab.data.loading.decoded_cache import decode_to_fit  # start-up time: PIL and torchvision
 
         path, target = self.samples[index]
-        image = decode_to_fit(path, self.cache_size)
+        image = decode_to_fit(path, self.cache_size, self.interpolation)
         return (None, image) if isinstance(image, str) else (image, target)  # a str: the UnreadableFile
 
 
 @dataclass(frozen=True)
-class PadToFixed:
-    """Collate: readable images top-left in a zeroed (batch_size, 3, size, size) uint8 tensor.
+class PadBatch:
+    """Collate: readable images top-left in a zeroed (batch_size, 3, H, W) uint8 tensor, portraits turned
+    on their side (as the cache stores them); H, W: the largest stored height and width of the batch.
 
-    Returns (pixels, heights, widths, targets, skipped paths); heights, widths and targets hold the
-    readable images only, so rows past len(targets) are padding.
+    Returns (pixels, heights, widths, targets, skipped paths); heights and widths are upright, and they
+    and targets hold the readable images only, so rows past len(targets) are padding.
     """
 
     batch_size: int
-    size: int
 
     def __call__(self, batch: list[tuple[Any, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
         good, skipped = partition_unreadable(batch)
-        pixels = torch.zeros(self.batch_size, 3, self.size, self.size, dtype=torch.uint8)
-        for n, (image, _) in enumerate(good):
+        turned = [stored(image) for image, _ in good]
+        height = max([1, *(image.shape[1] for image in turned)])
+        width = max([1, *(image.shape[2] for image in turned)])
+        pixels = torch.zeros(self.batch_size, 3, height, width, dtype=torch.uint8)
+        for n, image in enumerate(turned):
             pixels[n, :, : image.shape[1], : image.shape[2]] = image
         heights = torch.tensor([image.shape[1] for image, _ in good], dtype=torch.long)
         widths = torch.tensor([image.shape[2] for image, _ in good], dtype=torch.long)
@@ -93,9 +99,12 @@ class StreamImageLoader(SkipTrackingLoader):
             self.skipped.extend(skipped)
             if not len(targets):
                 continue  # all of it unreadable; the numbering goes on, so later batches keep their seeds
-            # The whole fixed-size tensor travels (one shape for pinned buffers); the padding rows stay behind.
+            # The whole tensor travels (batch_size rows, pinned on CUDA); the padding rows stay behind.
+            portraits = bool((heights > widths).any())  # host tensors: no sync
             pixels = pixels.to(self.device, non_blocking=True)[: len(targets)]
             heights, widths, targets = (t.to(self.device, non_blocking=True) for t in (heights, widths, targets))
+            if portraits:
+                pixels = upright(pixels, heights, widths)
             generator.manual_seed(batch_seed(self.seed, self.sampler.epoch, self.rank, number))
             yield self.augment(pixels, heights, widths, generator), targets
 
@@ -112,18 +121,27 @@ def stream_image_loader(
     device: torch.device,
     num_workers: int | None,
     weights: torch.Tensor | None = None,
+    sharers: int = 1,
 ) -> StreamImageLoader | None:
-    """A StreamImageLoader for an image folder (or a Subset of one); None for any other dataset."""
+    """A StreamImageLoader for an image folder (or a Subset of one); None for any other dataset.
+
+    Training drops the last partial batch (`EpochSampler.batches`); `sharers`: processes on this node,
+    which share /dev/shm."""
+    from inceptionlab.data.loading.decoded_cache import stored_canvas  # start-up time: PIL and torchvision
+
     found = image_folder_of(dataset)
     if found is None:
         return None
     folder, indices = found
-    files = _StreamFiles([folder.samples[i] for i in indices], options.cache_size)
+    samples = [folder.samples[i] for i in indices]
+    files = _StreamFiles(samples, options.cache_size, options.interpolation)
     sampler = EpochSampler(len(files), shuffle=train, seed=seed, rank=rank, world_size=world_size, pad=train,
                            weights=weights)
     workers = default_num_workers() if num_workers is None else num_workers
-    # Every batch is exactly this size (PadToFixed): uint8, batch x 3 x cache_size^2.
-    workers = fit_workers(workers, PREFETCH, batch_size * 3 * options.cache_size**2, what="streaming image loader")
+    # A batch (PadBatch): uint8, batch x 3 x its images' stored sides (estimated from a few headers).
+    height, width = stored_canvas(samples, options.cache_size)
+    workers = fit_workers(workers, PREFETCH, batch_size * 3 * height * width, what="streaming image loader",
+                          sharers=sharers)
     # Its own generator: a DataLoader otherwise draws its base seed from the global RNG (decoded_cache.py).
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
@@ -131,8 +149,9 @@ def stream_image_loader(
         batch_size=batch_size,
         sampler=sampler,
         num_workers=workers,
-        collate_fn=PadToFixed(batch_size, options.cache_size),
+        collate_fn=PadBatch(batch_size),
         pin_memory=device.type == "cuda",
+        drop_last=train,
         persistent_workers=workers > 0,
         prefetch_factor=PREFETCH if workers > 0 else None,
         generator=generator,

@@ -1,0 +1,158 @@
+"""`evaluate`'s decision step: fit the rule on validation, report it, and save it with the model.
+
+On the validation split (the one a checkpoint is chosen by) `evaluate` fits the temperature on the
+logits it has just computed, chooses the reject threshold for the user's target, and writes both,
+with the test-time augmentation they were fitted under, into the run's spec.json: from then on
+`predict`, `export` and `serve` answer by that rule. On any other split it applies the saved rule and
+reports how it does there. Either way eval/calibration.json and eval/plots/reliability.png show the
+calibration before and after (a reliability diagram: accuracy against confidence per bin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from inceptionlab.checkpoint import RunDir
+from inceptionlab.data.io.image_files import expand_image_paths
+from inceptionlab.errors import UserError
+from inceptionlab.fileio import atomic_write_json
+from inceptionlab.infer.calibrate import Calibration, RejectTarget, calibrate, calibration_error, nll, top1
+from inceptionlab.infer.evaluate import Scores
+from inceptionlab.infer.predict import Predictor
+from inceptionlab.models.spec import ModelSpec
+from inceptionlab.models.tta import views_of
+
+CALIBRATION_JSON = "calibration.json"
+RELIABILITY_PNG = "reliability.png"
+
+
+@dataclass
+class RuleReport:
+    calibration: Calibration
+    spec: ModelSpec  # the spec with the rule as fitted (or as saved, when nothing was fitted)
+    tta_gain: dict[str, Any] | None = None
+    outside: dict[str, Any] | None = None  # how images of none of the classes were answered
+    saved_to: Path | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"calibration": self.calibration.summary(), "tta": self.spec.tta}
+        if self.tta_gain is not None:
+            out["tta_gain"] = self.tta_gain
+        if self.outside is not None:
+            out["outside_images"] = self.outside
+        out["rule_saved_to"] = str(self.saved_to) if self.saved_to else None
+        out["note"] = self.note
+        return out
+
+    def lines(self) -> list[str]:
+        c = self.calibration
+        how = "fitted on these images" if c.fitted else "as saved with the model"
+        lines = [f"calibration on {c.samples} images: temperature {c.temperature:.4g} ({how}); "
+                 f"ECE {c.before.ece:.4f} -> {c.after.ece:.4f}, NLL {c.nll_before:.4f} -> {c.nll_after:.4f}"]
+        if c.threshold is not None:
+            lines.append(c.threshold.describe())
+        if self.outside is not None:
+            o = self.outside
+            lines.append(f"images of none of the classes ({o['folder']}): {o['unknown_share']:.1%} answered unknown "
+                         f"({o['unknown']}/{o['images']}), median score {o['median_score']:.3f}")
+        if self.tta_gain is not None:
+            g = self.tta_gain
+            lines.append(f"test-time augmentation {g['tta']} ({g['views']} views): top-1 {g['top1_without']:.4f} -> "
+                         f"{g['top1_with']:.4f} ({g['top1_gain'] * 100:+.2f} points), NLL {g['nll_without']:.4f} -> "
+                         f"{g['nll_with']:.4f}, for {g['views']}x the forward passes")
+        if self.note:
+            lines.append(self.note)
+        if self.saved_to is not None:
+            lines.append(f"decision rule saved to {self.saved_to} (predict, export and serve answer by it)")
+        return lines
+
+
+def decide(scores: Scores, spec: ModelSpec, *, fit: bool, target: RejectTarget | None = None,
+           drop_threshold: bool = False) -> tuple[Calibration, ModelSpec]:
+    """Fit (fit=True) or apply the spec's rule on these scores; returns the report and the spec with the rule.
+
+    When fitting without a new target, a threshold saved earlier is chosen again for its own target on
+    the new calibration (the target is what the user asked; the number follows the model).
+    """
+    if len(scores.targets) == 0:
+        raise UserError("no images were scored: nothing to calibrate on")
+    if fit and target is None and spec.reject_target and not drop_threshold:
+        target = RejectTarget.parse(spec.reject_target)
+    threshold = None if drop_threshold else spec.reject_threshold
+    result = calibrate(scores.logits, scores.targets, fit=fit, temperature=spec.temperature, target=target,
+                       threshold=None if fit else threshold)
+    if not fit:
+        return result, spec
+    chosen = result.threshold
+    rule = dataclasses.replace(spec, temperature=float(result.temperature), tta=scores.tta,
+                               reject_threshold=chosen.threshold if chosen else None,
+                               reject_target=chosen.target if chosen else None)
+    return result, rule
+
+
+def adopted(scores: Scores, gain: dict[str, Any] | None) -> tuple[Scores, str | None]:
+    """The scores to fit the rule on: with TTA when it helped on these images (higher top-1, or the same
+    top-1 and a lower NLL), else without it (view 0 of the same pass), with a line saying why."""
+    if gain is None:
+        return scores, None
+    if gain["top1_gain"] > 0 or (gain["top1_gain"] == 0 and gain["nll_with"] < gain["nll_without"]):
+        return scores, None
+    plain = Scores(scores.plain_logits, scores.targets, "none", None, scores.validation)
+    return plain, (f"test-time augmentation {scores.tta} not adopted: it did not help here (top-1 "
+                   f"{gain['top1_without']:.4f} -> {gain['top1_with']:.4f}); the rule is fitted without it")
+
+
+def tta_gain(scores: Scores) -> dict[str, Any] | None:
+    """Top-1 and NLL without TTA (view 0 of the same pass) and with it, on the same images."""
+    if scores.plain_logits is None:
+        return None
+    plain_pred, _ = top1(scores.plain_logits)
+    tta_pred, _ = top1(scores.logits)
+    without, with_ = float((plain_pred == scores.targets).mean()), float((tta_pred == scores.targets).mean())
+    return {"tta": scores.tta, "views": views_of(scores.tta), "images": int(len(scores.targets)),
+            "top1_without": without, "top1_with": with_, "top1_gain": with_ - without,
+            "nll_without": nll(scores.plain_logits, scores.targets), "nll_with": nll(scores.logits, scores.targets),
+            "ece_without": calibration_error(top1(scores.plain_logits)[1], plain_pred == scores.targets).ece,
+            "ece_with": calibration_error(top1(scores.logits)[1], tta_pred == scores.targets).ece}
+
+
+def outside_images(model: torch.nn.Module, spec: ModelSpec, folder: Path, device: torch.device,
+                   batch_size: int) -> dict[str, Any]:
+    """How the rule answers images of none of the model's classes (noise, another data set's pictures):
+    the share answered "unknown" is the rejection rate a user can expect on such inputs."""
+    files, errors = expand_image_paths([folder])
+    if errors:
+        raise UserError(f"--unknown-images {errors[0][0]}: {errors[0][1]}")
+    predictor = Predictor(model, spec, device)
+    results = [r for r in predictor.predict_files(files, topk=1, batch_size=batch_size) if "error" not in r]
+    if not results:
+        raise UserError(f"--unknown-images {folder}: none of its images could be read")
+    unknown = sum(r["unknown"] for r in results)
+    scores = np.array([r["score"] for r in results])
+    return {"folder": str(folder), "images": len(results), "unknown": int(unknown),
+            "unknown_share": unknown / len(results), "median_score": float(np.median(scores)),
+            "threshold": spec.reject_threshold}
+
+
+def save_rule(run_dir: Path, spec: ModelSpec) -> Path:
+    """The rule into the run's spec.json (atomically: a reader sees the old spec or the new one)."""
+    path = RunDir.open(run_dir).spec_file
+    spec.save(path)
+    return path
+
+
+def save_calibration(report: RuleReport, out_dir: Path) -> dict[str, Path]:
+    """eval/calibration.json (figures and bins) and eval/plots/reliability.png (before and after)."""
+    from inceptionlab.plots import plot_reliability  # matplotlib (~0.4 s): only when drawing
+
+    paths = {"calibration_json": out_dir / CALIBRATION_JSON, "reliability_png": out_dir / "plots" / RELIABILITY_PNG}
+    atomic_write_json(paths["calibration_json"], {**report.calibration.to_dict(), **report.to_dict()})
+    plot_reliability(paths["calibration_json"], paths["reliability_png"])
+    return paths

@@ -1,0 +1,186 @@
+"""`inceptionlab data check`: planted problems are found, clean images are never called copies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import shared_data
+from PIL import Image
+
+from inceptionlab.data.check import check_data, quick_check, warning_line
+
+
+def smooth_image(rng: np.random.Generator, size: int = 64) -> Image.Image:
+    """A distinct picture-like image: a random low-frequency field (8 x 8 upscaled) with a random bar."""
+    field = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    image = np.asarray(Image.fromarray(field).resize((size, size), Image.BICUBIC)).copy()
+    y, x = rng.integers(0, size - 12, 2)
+    image[y:y + 10, x:x + rng.integers(10, size - x)] = rng.integers(0, 256, 3)
+    return Image.fromarray(image)
+
+
+def clean_dataset(root: Path, classes=("cat", "dog", "fox"), train=12, val=4, seed=0) -> Path:
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", train), ("val", val)):
+        for name in classes if count else ():
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                smooth_image(rng).save(folder / f"{name}_{i}.jpg", quality=90)
+    return root
+
+
+def files_in(finding) -> set[str]:
+    out = set()
+    for item in finding.files:
+        out.update(item if isinstance(item, list) else [item])
+    return out
+
+
+def by_check(report) -> dict:
+    found: dict = {}
+    for f in report.findings:
+        found.setdefault(f.check, []).append(f)
+    return found
+
+
+def test_a_clean_dataset_has_no_copies(tmp_path):
+    report = check_data(clean_dataset(tmp_path / "data"), workers=0)
+    assert report.images == 48 and report.near_copies_checked
+    assert not report.findings, [f.message for f in report.findings]
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """A clean set with one of each problem planted; returns (root, {check: files it must name})."""
+    root = clean_dataset(tmp_path / "data")
+    train, val = root / "train", root / "val"
+    shutil.copy(train / "cat" / "cat_0.jpg", train / "cat" / "cat_0_copy.jpg")  # exact, same class
+    shutil.copy(train / "dog" / "dog_0.jpg", train / "fox" / "fox_from_dog.jpg")  # exact, another class
+    source = Image.open(train / "fox" / "fox_1.jpg")
+    source.resize((48, 48), Image.LANCZOS).save(val / "fox" / "fox_resized.jpg", quality=50)  # near, across splits
+    Image.open(train / "cat" / "cat_2.jpg").save(val / "cat" / "cat_as_png.png")  # re-encoded, across splits
+    Image.open(train / "dog" / "dog_3.jpg").resize((128, 128), Image.BICUBIC).save(train / "dog" / "dog_3_big.jpg")
+    good = (train / "cat" / "cat_3.jpg").read_bytes()
+    (train / "cat" / "truncated.jpg").write_bytes(good[: len(good) // 3])
+    (train / "dog" / "empty.jpg").write_bytes(b"")
+    smooth_image(np.random.default_rng(9), 16).save(train / "dog" / "tiny.png")
+    Image.fromarray(np.random.default_rng(8).integers(0, 255, (40, 200, 3), dtype=np.uint8)).save(train / "fox" / "wide.png")
+    smooth_image(np.random.default_rng(7)).convert("CMYK").save(train / "fox" / "cmyk.jpg")
+    Image.new("RGB", (64, 64), (90, 90, 90)).save(train / "cat" / "blank.png")
+    expected = {
+        "exact_duplicates": {"train/cat/cat_0.jpg", "train/cat/cat_0_copy.jpg"},
+        "label_conflict": {"train/dog/dog_0.jpg", "train/fox/fox_from_dog.jpg"},
+        "leakage": {"train/fox/fox_1.jpg", "val/fox/fox_resized.jpg", "train/cat/cat_2.jpg", "val/cat/cat_as_png.png"},
+        "near_duplicates": {"train/dog/dog_3.jpg", "train/dog/dog_3_big.jpg"},
+        "undecodable": {"train/cat/truncated.jpg", "train/dog/empty.jpg"},
+        "small_images": {"train/dog/tiny.png"},
+        "aspect_ratio": {"train/fox/wide.png"},
+        "modes": {"train/fox/cmyk.jpg"},
+        "blank_images": {"train/cat/blank.png"},
+    }
+    return root, expected
+
+
+def test_planted_problems_are_found_with_nothing_else(planted):
+    root, expected = planted
+    report = check_data(root, workers=0)
+    found = by_check(report)
+    for check, files in expected.items():
+        assert check in found, f"{check} not found; found {sorted(found)}"
+        assert set().union(*(files_in(f) for f in found[check])) == files, check
+    copies = set().union(*(files_in(f) for c in ("exact_duplicates", "near_duplicates", "label_conflict", "leakage")
+                           for f in found[c]))
+    assert copies == set().union(*(expected[c] for c in ("exact_duplicates", "near_duplicates", "label_conflict",
+                                                         "leakage")))
+    severity = {f.check: f.severity for f in report.findings}
+    assert severity["leakage"] == severity["label_conflict"] == severity["undecodable"] == "error"
+    assert all(f.advice for f in report.findings)
+
+
+def test_the_process_pool_finds_the_same(planted):
+    root, _ = planted
+    one, pool = check_data(root, workers=0), check_data(root, workers=2)
+    assert [f.to_dict() for f in one.findings] == [f.to_dict() for f in pool.findings]
+
+
+def test_imbalance_suggests_balanced_class_weights(tmp_path):
+    root = clean_dataset(tmp_path / "data", train=4, val=2)
+    rng = np.random.default_rng(5)
+    for i in range(12):
+        smooth_image(rng).save(root / "train" / "cat" / f"extra_{i}.jpg")
+    [imbalance] = [f for f in quick_check(root) if f.check == "imbalance"]
+    # 16 cat, 4 dog, 4 fox: 1 / n_c normalised to a mean of 1 = (1/16, 1/4, 1/4) / (9/48) = 1/3, 4/3, 4/3
+    assert imbalance.details["weights"] == {"cat": 0.3333, "dog": 1.3333, "fox": 1.3333}
+    assert "train.class_weights=auto" in imbalance.advice
+    # ... the weights train.class_weights=auto trains with:
+    import torch
+
+    from inceptionlab.data.loading.sampler import inverse_frequency
+
+    auto = inverse_frequency(torch.tensor([16, 4, 4]), 1.0).tolist()
+    assert list(imbalance.details["weights"].values()) == pytest.approx(auto, abs=1e-4)
+    assert any(f.check == "few_images" for f in quick_check(root)) is True  # dog and fox have 4 < 5
+    line = warning_line(quick_check(root), root)
+    assert line.startswith("warning: data check: classes are imbalanced") and "inceptionlab data check" in line
+    assert "\n" not in line
+
+
+def test_the_cli_reports_and_exits_1_on_errors(planted, cli):
+    root, expected = planted
+    result = cli("data", "check", root, "--workers", "0", "--json")
+    assert result.code == 1
+    report = json.loads(result.out)
+    assert report["counts"]["error"] >= 3 and report["splits"]["train"]["classes"] == 3
+    leakage = next(f for f in report["findings"] if f["check"] == "leakage")
+    assert {name for group in leakage["files"] for name in group} == expected["leakage"]
+    text = cli("data", "check", root, "--workers", "0")
+    assert "ERROR   leakage" in text.out and "what to do:" in text.out
+
+
+def test_a_clean_set_exits_0(tmp_path, cli):
+    result = cli("data", "check", clean_dataset(tmp_path / "data"), "--workers", "0")
+    assert result.code == 0 and "no problems found" in result.out
+
+
+def test_an_unsorted_val_folder_says_how_to_sort_it(tmp_path):
+    root = clean_dataset(tmp_path / "data", val=0)
+    flat = root / "val" / "images"
+    flat.mkdir(parents=True)
+    smooth_image(np.random.default_rng(3)).save(flat / "val_0.jpg")
+    (root / "val" / "val_annotations.txt").write_text("val_0.jpg\tcat\n")
+    [finding] = [f for f in quick_check(root) if f.check == "unlabelled_split"]
+    assert finding.severity == "error" and "inceptionlab data tiny-imagenet" in finding.advice
+
+
+def test_real_images_with_planted_copies(tmp_path):
+    """tiny-imagenet's own photos (3 classes x 20): the planted copies and nothing else."""
+    tiny = shared_data("tiny-imagenet-200")
+    root = tmp_path / "data"
+    wnids = sorted(p.name for p in (tiny / "train").iterdir() if p.is_dir())[:3]
+    for wnid in wnids:
+        images = sorted((tiny / "train" / wnid / "images").glob("*.JPEG"))
+        for split, chosen in (("train", images[:15]), ("val", images[15:])):
+            (root / split / wnid).mkdir(parents=True)
+            for image in chosen:
+                shutil.copy(image, root / split / wnid / image.name)
+    first = sorted((root / "train" / wnids[0]).glob("*.JPEG"))[0]
+    Image.open(first).resize((40, 40), Image.LANCZOS).save(root / "val" / wnids[0] / "leaked.jpg", quality=60)
+    found = by_check(check_data(root, workers=0))
+    assert set(found) <= {"leakage", "modes"}, sorted(found)
+    assert files_in(found["leakage"][0]) == {f"train/{wnids[0]}/{first.name}", f"val/{wnids[0]}/leaked.jpg"}
+
+
+def test_train_gets_one_warning_line_from_the_cheap_checks(tmp_path):
+    from inceptionlab.config import load_recipe
+    from inceptionlab.data.readers import data_warning
+
+    root = clean_dataset(tmp_path / "data", train=4, val=2)
+    recipe = load_recipe("inception_v3/imagefolder", [f"data.root={root}"])
+    assert data_warning(recipe.data) is not None and "fewer than 5" in data_warning(recipe.data)
+    clean = clean_dataset(tmp_path / "clean", train=6, val=2)
+    assert data_warning(load_recipe("inception_v3/imagefolder", [f"data.root={clean}"]).data) is None

@@ -1,0 +1,118 @@
+"""Labels from a CSV, or one folder without val/: a seeded, stratified split that every command of a run reads."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import make_image_folder
+from helpers.calibration_run import SETTINGS
+
+from inceptionlab.config import load_recipe
+from inceptionlab.data.datasets.file_list import LabelRow, read_labels_csv, stratified_split
+from inceptionlab.errors import UserError
+
+
+def rows(counts: dict[str, int]) -> list[LabelRow]:
+    return [LabelRow(Path(f"/d/{label}_{i}.png"), label) for label, n in counts.items() for i in range(n)]
+
+
+def test_the_split_is_stratified():
+    split = stratified_split(rows({"a": 10, "b": 7, "c": 3, "d": 2, "e": 1}), 0.2, seed=42)
+    val = Counter(r.label for r in split if r.split == "val")
+    # round(n x 0.2), at least one of a class with two or more, never a whole class
+    assert dict(val) == {"a": 2, "b": 1, "c": 1, "d": 1}
+    train = Counter(r.label for r in split if r.split == "train")
+    assert dict(train) == {"a": 8, "b": 6, "c": 2, "d": 1, "e": 1}
+
+
+def test_the_split_is_reproducible_whatever_the_row_order():
+    base = rows({"a": 30, "b": 20})
+    shuffled = base[:]
+    random.Random(1).shuffle(shuffled)
+    one = {str(r.file): r.split for r in stratified_split(base, 0.25, seed=7)}
+    assert one == {str(r.file): r.split for r in stratified_split(shuffled, 0.25, seed=7)}
+    other = {str(r.file): r.split for r in stratified_split(base, 0.25, seed=8)}
+    assert other != one and Counter(other.values()) == Counter(one.values())
+
+
+def write_csv(path: Path, lines: list[list[str]]) -> Path:
+    with open(path, "w", newline="") as handle:
+        csv.writer(handle).writerows(lines)
+    return path
+
+
+def test_csv_errors_name_the_line(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"x")
+    with pytest.raises(UserError, match=r"labels.csv:3: a.png is listed twice \(also line 2\)"):
+        read_labels_csv(write_csv(tmp_path / "labels.csv", [["file", "label"], ["a.png", "cat"], ["a.png", "dog"]]))
+    with pytest.raises(UserError, match=r"1 listed file\(s\) do not exist, e.g. line 2: .*missing.png"):
+        read_labels_csv(write_csv(tmp_path / "labels.csv", [["file", "label"], ["missing.png", "cat"]]))
+    with pytest.raises(UserError, match="the first row must name the columns"):
+        read_labels_csv(write_csv(tmp_path / "labels.csv", [["a.png", "cat"]]))
+
+
+def flat_folder(root: Path) -> Path:
+    """make_image_folder's train/ classes moved up: one folder of class folders, no splits."""
+    data = make_image_folder(root / "made", train_per_class=10, val_per_class=0, size=36)
+    (data / "train").rename(root / "photos")
+    return root / "photos"
+
+
+def read_splits(path: Path) -> dict[str, str]:
+    with open(path) as handle:
+        return {row["file"]: row["split"] for row in csv.DictReader(handle)}
+
+
+@pytest.fixture(scope="module")
+def flat_run(tmp_path_factory):
+    from inceptionlab.engine.fit import fit
+
+    root = tmp_path_factory.mktemp("flat")
+    photos = flat_folder(root)
+    recipe = load_recipe("inception_v3/imagefolder", [*SETTINGS, "train.epochs=1", f"data.root={photos}"])
+    return fit(recipe, root / "runs", progress=False).run_dir, photos
+
+
+def test_a_folder_without_val_is_split_and_the_split_recorded(flat_run):
+    run_dir, photos = flat_run
+    recorded = read_splits(run_dir / "splits.csv")
+    assert len(recorded) == 30 and Counter(recorded.values()) == {"train": 24, "val": 6}
+    assert all(not Path(name).is_absolute() for name in recorded)  # relative to the data root: the data may move
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["best"]["epoch"] == 1
+
+
+def test_evaluate_scores_the_recorded_val_images_even_after_new_files_arrive(flat_run, tmp_path, cli):
+    import shutil
+
+    run_dir, photos = flat_run
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("checkpoints", "tb"))
+    for i in range(5):  # new files: a fresh split would differ; the recorded one must not
+        shutil.copy(photos / "cat" / "cat_0.png", photos / "cat" / f"new_{i}.png")
+    try:
+        result = cli("evaluate", copy, "--json")
+        assert result.code == 0, result.err
+        assert json.loads(result.out)["samples"] == 6
+    finally:
+        for i in range(5):
+            (photos / "cat" / f"new_{i}.png").unlink()
+
+
+def test_a_labels_csv_trains_with_its_own_split_column(tmp_path, cli):
+    data = make_image_folder(tmp_path / "data", train_per_class=6, val_per_class=2, size=36)
+    lines = [["file", "label", "split"]]
+    for split in ("train", "val"):
+        for path in sorted((data / split).rglob("*.png")):
+            lines.append([str(path.relative_to(data)), path.parent.name, split])
+    labels = write_csv(data / "labels.csv", lines)
+    result = cli("train", "inception_v3/imagefolder", "--out", tmp_path / "runs", "--no-progress", "--json",
+                 *[a for s in [*SETTINGS, "train.epochs=1", f"data.labels_csv={labels}"] for a in ("--set", s)])
+    assert result.code == 0, result.err
+    run_dir = Path(json.loads(result.out.strip().splitlines()[-1])["run_dir"])
+    assert Counter(read_splits(run_dir / "splits.csv").values()) == {"train": 18, "val": 6}

@@ -1,0 +1,192 @@
+"""Temperature scaling, ECE and the reject threshold against answers known in advance; test-time augmentation views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize_scalar
+
+from inceptionlab.errors import UserError
+from inceptionlab.infer.calibrate import (
+    Decision,
+    RejectTarget,
+    calibrate,
+    calibration_error,
+    choose_threshold,
+    fit_temperature,
+    nll,
+    selective,
+    softmax,
+)
+from inceptionlab.models.tta import TTA_VIEWS, iter_views, merge_views, tta_views
+
+
+def overconfident(n: int, classes: int, true_temperature: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Logits whose labels are drawn from softmax(logits / true_temperature): the right T is known."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, (n, classes))
+    logits[np.arange(n), rng.integers(0, classes, n)] += 4  # a clear favourite per row
+    probs = softmax(logits, true_temperature)
+    labels = np.array([rng.choice(classes, p=p) for p in probs])
+    return logits, labels
+
+
+def reference_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
+    """scipy's bounded scalar search on the NLL of softmax(logits / T): the reference fit."""
+    result = minimize_scalar(lambda t: nll(logits, labels, t), bounds=(0.05, 20), method="bounded",
+                             options={"xatol": 1e-9})
+    return float(result.x)
+
+
+def test_the_temperature_is_the_nll_minimum_scipy_finds():
+    logits, labels = overconfident(4000, 10, true_temperature=2.5)
+    fitted = fit_temperature(logits, labels)
+    assert fitted == pytest.approx(reference_temperature(logits, labels), rel=1e-5)
+    assert fitted == pytest.approx(2.5, rel=0.1)  # and it recovers the temperature the labels were drawn at
+    assert nll(logits, labels, fitted) < nll(logits, labels, 1.0)
+
+
+def test_an_underconfident_model_gets_a_temperature_below_one():
+    logits, labels = overconfident(4000, 5, true_temperature=0.5, seed=1)
+    fitted = fit_temperature(logits, labels)
+    assert fitted == pytest.approx(reference_temperature(logits, labels), rel=1e-5)
+    assert fitted < 0.7
+
+
+def test_the_fit_matches_lbfgs_on_torch():
+    logits, labels = overconfident(2000, 20, true_temperature=1.7, seed=2)
+    log_t = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    z, y = torch.from_numpy(logits), torch.from_numpy(labels)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(z / log_t.exp(), y)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    assert fit_temperature(logits, labels) == pytest.approx(float(log_t.detach().exp()), rel=1e-4)
+
+
+def test_a_binary_model_given_as_zero_and_z_is_fitted_like_a_sigmoid():
+    rng = np.random.default_rng(3)
+    z = rng.normal(0, 4, 3000)
+    labels = (rng.random(3000) < 1 / (1 + np.exp(-z / 2.0))).astype(np.int64)
+    logits = np.stack([np.zeros_like(z), z], axis=1)
+    assert fit_temperature(logits, labels) == pytest.approx(2.0, rel=0.12)
+
+
+def test_a_model_no_better_than_chance_is_flattened_not_an_error():
+    rng = np.random.default_rng(4)
+    logits = rng.normal(0, 2, (500, 4))
+    labels = rng.integers(0, 4, 500)
+    flipped = logits.copy()
+    flipped[np.arange(500), labels] -= 10  # the true class always the least likely
+    assert fit_temperature(flipped, labels) >= 100
+
+
+def test_ece_of_a_constructed_case():
+    # 50 answers at confidence 0.9 of which 40 right (gap 0.1), 50 at 0.6 of which 30 right (gap 0):
+    # ECE = 0.5 * 0.1 + 0.5 * 0 = 0.05.
+    confidences = np.r_[np.full(50, 0.9), np.full(50, 0.6)]
+    correct = np.r_[np.ones(40), np.zeros(10), np.ones(30), np.zeros(20)]
+    result = calibration_error(confidences, correct)
+    assert result.ece == pytest.approx(0.05)
+    filled = [b for b in result.bins if b["count"]]
+    assert [(b["count"], round(b["confidence"], 6), b["accuracy"]) for b in filled] == [(50, 0.6, 0.6), (50, 0.9, 0.8)]
+
+
+def test_ece_bins_are_closed_on_the_right():
+    # 0.2 belongs to the bin (0.1333, 0.2], not the next one; a confidence of 1.0 to the last bin.
+    result = calibration_error(np.array([0.2, 1.0]), np.array([0, 1]), bins=15)
+    assert result.bins[2]["count"] == 1 and result.bins[14]["count"] == 1
+    assert result.ece == pytest.approx(0.5 * 0.2)
+
+
+def test_temperature_lowers_the_ece_of_an_overconfident_model():
+    logits, labels = overconfident(4000, 10, true_temperature=3.0, seed=5)
+    result = calibrate(logits, labels)
+    assert result.after.ece < result.before.ece / 2
+    assert result.nll_after < result.nll_before
+
+
+def test_the_precision_threshold_answers_as_many_as_it_can():
+    confidences = np.array([0.99, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    correct = np.array([1, 1, 1, 1, 0, 1, 0, 0])
+    pick = choose_threshold(confidences, correct, RejectTarget.parse("precision=0.8"))
+    # Top 6 are 5/6 = 0.833 right (the most answered at >= 0.8); top 7 would be 5/7 = 0.71.
+    assert (pick.threshold, pick.answered, pick.precision) == (0.6, 6, pytest.approx(5 / 6))
+    assert selective(confidences, correct, pick.threshold)[:2] == (0.75, pytest.approx(5 / 6))
+
+
+def test_the_coverage_threshold_keeps_ties_together():
+    confidences = np.array([0.9, 0.8, 0.8, 0.8, 0.3])
+    pick = choose_threshold(confidences, np.array([1, 1, 0, 1, 0]), RejectTarget.parse("coverage=40%"))
+    assert (pick.threshold, pick.answered) == (0.8, 4)  # 2 of 5 asked; the tie at 0.8 comes whole
+
+
+def test_an_unreachable_precision_says_what_is_reachable():
+    with pytest.raises(UserError, match=r"no threshold reaches precision 0.99.*precision=0.66"):
+        choose_threshold(np.array([0.9, 0.8, 0.7]), np.array([0, 1, 1]), RejectTarget.parse("precision=0.99"))
+
+
+@pytest.mark.parametrize("text", ["precision", "accuracy=0.9", "precision=1.5", "coverage=abc", "coverage=0"])
+def test_bad_targets_are_one_line_errors(text):
+    with pytest.raises(UserError, match="--reject"):
+        RejectTarget.parse(text)
+
+
+def test_the_decision_applies_temperature_before_the_threshold():
+    decision = Decision(temperature=2.0, threshold=0.6)
+    logits = torch.tensor([[4.0, 0.0], [0.5, 0.0]])
+    probs = decision.scale(logits).softmax(dim=1)
+    assert probs[0, 0] == pytest.approx(1 / (1 + np.exp(-2.0)))
+    assert decision.unknown_mask(probs.max(dim=1).values.numpy()).tolist() == [False, True]
+
+
+# --------------------------------------------------------------------------------------- TTA views
+
+
+def test_views_start_with_the_image_and_mirror_it():
+    batch = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    views = list(iter_views(batch, "flip"))
+    assert len(views) == TTA_VIEWS["flip"] and torch.equal(views[0], batch)
+    assert torch.equal(views[1], batch.flip(-1))
+    stacked = tta_views(batch, "flip-crops")
+    assert stacked.shape == (20, 3, 4, 4) and torch.equal(stacked[:2], batch)
+    assert torch.equal(stacked[10:12], batch.flip(-1))
+
+
+def test_corner_crops_match_torchvision_five_crop_resized():
+    from torchvision.transforms.v2 import functional as TF
+
+    batch = torch.rand(2, 3, 64, 64)
+    ours = list(iter_views(batch, "crops"))[1:]
+    tl, tr, bl, br, _ = TF.five_crop(batch, [56, 56])
+    expected = [TF.resize(c, [64, 64], antialias=False) for c in (tl, tr, bl, br)]
+    for mine, theirs in zip(ours, expected):
+        assert torch.allclose(mine, theirs, atol=1e-5)
+
+
+def test_merged_logits_are_the_mean_over_views():
+    logits = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])  # 2 views x 2 images
+    assert torch.equal(merge_views(logits, 2), torch.tensor([[3.0, 4.0], [5.0, 6.0]]))
+
+
+def test_tta_on_normalised_inputs_equals_normalised_views():
+    """Views commute with the per-channel normalisation: a server may apply them after it."""
+    from inceptionlab.models.spec import Normalize
+
+    pixels = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    norm = Normalize((0.5, 0.4, 0.3), (0.2, 0.25, 0.3))
+    after = tta_views(norm(pixels), "flip-crops")
+    before = norm(tta_views(pixels.float(), "flip-crops"))
+    assert torch.allclose(after, before, atol=1e-4)
+
+
+def test_the_cli_offers_every_tta_mode():
+    from inceptionlab.cli.options import TTA_MODES
+
+    assert TTA_MODES == tuple(TTA_VIEWS)
