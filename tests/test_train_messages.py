@@ -73,12 +73,12 @@ def test_resume_does_not_say_random_init(image_folder, tmp_path, cli):
 def test_ctrl_c_before_the_first_epoch_ends_does_not_print_epoch_none(image_folder, tmp_path, cli, monkeypatch):
     from inceptionlab.engine import fit as engine_fit
 
-    real = engine_fit.train_one_epoch
+    real = engine_fit.agree_at_log
 
-    def stop_at_once(*args, should_stop, **kwargs):
-        return real(*args, should_stop=lambda: True, **kwargs)
+    def stop_at_once(loss, stop, info, device):  # a Ctrl-C at the first log point
+        return real(loss, True, info, device)
 
-    monkeypatch.setattr(engine_fit, "train_one_epoch", stop_at_once)
+    monkeypatch.setattr(engine_fit, "agree_at_log", stop_at_once)
     result = cli(*train_args(image_folder, tmp_path / "runs"))
     assert result.code == 130
     assert "epoch None" not in result.out and "no epoch finished" in result.out
