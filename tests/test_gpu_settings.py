@@ -96,14 +96,14 @@ def test_bench_runs_every_row_with_its_precisions_settings(h100, tmp_path, monke
     model = build_model("cifar10_cnn", 10).model.eval()
     spec = ModelSpec("cifar10_cnn", 10, [str(i) for i in range(10)], crop_size=32, resize_size=32)
     source = ModelSource(model, spec, "cifar10_cnn", "random", state_checksum(model), tmp_path)
-    timed = bench.time_session
+    turn = bench._one_turn  # the rows take turns in rounds: each turn must run under its row's settings
     seen: list[tuple[bool, bool]] = []
-    monkeypatch.setattr(bench, "time_session", lambda *args: seen.append((torch.backends.cudnn.benchmark,
-                                                                          tf32_now())) or timed(*args))
+    monkeypatch.setattr(bench, "_one_turn", lambda *args: seen.append((torch.backends.cudnn.benchmark,
+                                                                        tf32_now())) or turn(*args))
     torch.backends.cudnn.benchmark = False
     configs = [bench.Config("eager", "fp32", "nchw"), bench.Config("eager", "fp32", "channels_last")]
     bench.run_bench(source, configs, bench.BenchSettings([2], iters=2, warmup=1, target=Target("cpu")))
-    assert seen == [(True, True), (True, True)]
+    assert seen == [(True, True)] * 4  # 2 rows x 2 rounds
     assert not torch.backends.cudnn.benchmark  # given back after the bench
 
 
