@@ -219,7 +219,8 @@ def test_pip_is_given_only_what_the_image_does_not_meet(tmp_path):
     assert steps["extra onnx-export"].command == []
     assert steps["extra onnx-export"].met == ["onnx>=1.23", "onnxscript>=0.7"]
     assert steps["extra serve"].command[6:] == ["fastapi>=0.115", "uvicorn>=0.30", "python-multipart>=0.0.9",
-                                                "grpcio-health-checking>=1.66"]
+                                                "grpcio-health-checking>=1.66", "uvloop>=0.19; sys_platform != 'win32'",
+                                                "httptools>=0.6"]
     assert steps["test runner"].command[6:] == ["pytest-timeout>=2.3"] and not steps["test runner"].required
     assert all(step.command[:6] == [str(python), "-m", "pip", "install", "-q", "--no-index"]
                for step in steps.values() if step.command)

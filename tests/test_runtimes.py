@@ -307,12 +307,15 @@ def test_a_fallback_to_eager_is_said_and_shown_in_the_provider(tmp_path, monkeyp
 
     CountingCompiles(monkeypatch)
     monkeypatch.setattr(runtimes, "RECOMPILE_LIMIT", 1)  # one graph allowed: the second batch size falls back
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)  # torch without per-compile limits
-    session = RUNTIMES["compile"].open(tiny, "fp32", "nchw", Target("cpu"), 4)
-    session.run(session.place(random_inputs(1, (3, 32, 32))))
-    assert "fell back" not in session.provider
-    with caplog.at_level("WARNING", logger="inceptionlab.infer.runtimes"):
-        output = session.run(session.place(random_inputs(4, (3, 32, 32))))
+    # torch without per-compile limits. Patched through torch's own config.patch: pytest's monkeypatch (9.2)
+    # restores a module attribute by deleting it from the module's __dict__, and on torch's config modules a
+    # delete hides the setting for the rest of the process (the next compile anywhere then fails).
+    with torch._dynamo.config.patch(recompile_limit=1):
+        session = RUNTIMES["compile"].open(tiny, "fp32", "nchw", Target("cpu"), 4)
+        session.run(session.place(random_inputs(1, (3, 32, 32))))
+        assert "fell back" not in session.provider
+        with caplog.at_level("WARNING", logger="inceptionlab.infer.runtimes"):
+            output = session.run(session.place(random_inputs(4, (3, 32, 32))))
     assert output.shape == (4, 10)  # eager still answers
     assert "fell back to eager" in session.provider
     assert any("fell back to eager" in record.getMessage() for record in caplog.records)
@@ -481,3 +484,9 @@ def test_compiled_serving_on_the_gpu_compiles_once_for_every_bucket_without_fall
             assert np.abs(got - want[:batch]).max() <= 1e-2 * np.abs(want).max()
     assert sessions[0].compiled is sessions[1].compiled
     assert not sessions[0].compiled.fell_back and "fell back" not in sessions[1].provider
+
+
+def test_dynamo_settings_survive_the_fallback_test():
+    """The fallback test lowers dynamo's recompile limit for itself only: a later compile in the same worker
+    still reads the setting (it once vanished, and the engine's compile test failed after it)."""
+    assert torch._dynamo.config.recompile_limit >= 1
