@@ -49,11 +49,16 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--classes", type=int, default=20)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=None, help=f"default {transfer.FULL.epochs}")
+    parser.add_argument("--pretrain-epochs", type=int, default=None,
+                        help=f"the cached backbone's epochs (default {transfer.FULL.pretrain_epochs}, as transfer.py's)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     from inceptionlab import hardware
 
     settings = transfer.SMOKE if args.smoke else transfer.FULL
+    chosen = {"epochs": args.epochs, "pretrain_epochs": args.pretrain_epochs}
+    settings = transfer.Settings(**{**settings.__dict__, **{k: v for k, v in chosen.items() if v}})
     classes = 4 if args.smoke else args.classes
     seeds = 1 if args.smoke else args.seeds
     val_per_class = 3 if args.smoke else 30

@@ -240,13 +240,19 @@ def main() -> None:
                         "(default: $INCEPTIONLAB_CACHE/transfer)")
     parser.add_argument("--arms", default=",".join(a.name for a in ARMS), help="comma-separated arm names")
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--epochs", type=int, default=None, help=f"fine-tuning epochs per run (default {FULL.epochs})")
+    parser.add_argument("--pretrain-epochs", type=int, default=None,
+                        help=f"the backbone's epochs on set A (default {FULL.pretrain_epochs}; cached per value)")
+    parser.add_argument("--val-per-class", type=int, default=None,
+                        help=f"set B's validation images per class (default {FULL.val_per_class}, at most 50)")
     parser.add_argument("--smoke", action="store_true", help="tiny settings: every code path in minutes")
     args = parser.parse_args()
     from inceptionlab import hardware
 
     settings = SMOKE if args.smoke else FULL
-    if args.seeds:
-        settings = Settings(**{**settings.__dict__, "seeds": args.seeds})
+    chosen_settings = {"seeds": args.seeds, "epochs": args.epochs, "pretrain_epochs": args.pretrain_epochs,
+                       "val_per_class": args.val_per_class}
+    settings = Settings(**{**settings.__dict__, **{k: v for k, v in chosen_settings.items() if v}})
     work = args.work or hardware.cache_root() / "transfer"
     work.mkdir(parents=True, exist_ok=True)
     chosen = [a for a in ARMS if a.name in args.arms.split(",")]

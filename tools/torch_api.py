@@ -52,7 +52,8 @@ PROBED = ("fp32_precision", "allow_tf32", "allow_fp16_reduced_precision_reductio
           "allow_bf16_reduced_precision_reduction", "allow_fp16_accumulation", "benchmark", "benchmark_limit",
           "deterministic", "enabled", "verbose", "cufft_plan_cache", "preferred_linalg_library",
           "preferred_blas_library",
-          "math_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled")
+          "math_sdp_enabled", "flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled",
+          "patch", "recompile_limit")  # torch config modules answer these through __getattr__ too
 
 
 @dataclass(frozen=True)
