@@ -30,6 +30,8 @@ SCHEMA = 1
 RESULTS = Path(__file__).resolve().parent / "results"
 RESULTS_ENV = "INCEPTIONLAB_BENCHMARK_RESULTS"
 
+RECORD_FIELDS = frozenset({"schema", "benchmark", "title", "command", "settings", "columns", "rows", "env"})
+
 # (row key, column header) or (row key, column header, format spec); missing values print as "-".
 Column = Sequence[str]
 
@@ -59,6 +61,9 @@ def write_result(benchmark: str, rows: list[dict[str, Any]], *, title: str, colu
     `stamp`: the file's time (default now); a report rewritten as it goes passes the same one each time."""
     from inceptionlab.fileio import atomic_write_json  # here: the renderer needs neither torch nor the package
 
+    clashing = sorted(set(details or {}) & RECORD_FIELDS)
+    if clashing:  # a detail named like a field would replace it (bench_repeat's "rows" once did: unrenderable)
+        raise ValueError(f"details may not use the record's own field names: {', '.join(clashing)}")
     if env is None:
         from inceptionlab.runtime import environment
 

@@ -103,7 +103,7 @@ def main() -> None:
                ("others_cpus", "others' CPUs", ".2f"), ("busy_said", "said busy")]
     path = write_result("bench_repeat", table, title="bench speed-ups over eager fp32, batch 1, three separate calls",
                         columns=columns, settings={k: str(v) for k, v in vars(args).items()},
-                        details={"rows": runs})
+                        details={"calls": runs})
     print(render_file(path))
 
 

@@ -145,6 +145,15 @@ def test_write_result_writes_rows_columns_command_and_environment(tmp_path):
     assert record["command"].startswith("python ")
 
 
+def test_details_never_replace_the_records_own_fields(tmp_path):
+    """bench_repeat passed details={"rows": ...}: the per-call rows replaced the table's rows and the docs'
+    renderer then failed on the file (AttributeError: 'list' object has no attribute 'get')."""
+    with pytest.raises(ValueError, match="rows"):
+        results.write_result("bench_repeat", [{"call": "repetition 1"}], title="t", columns=COLUMNS, settings={},
+                             env=FAKE_ENV, folder=tmp_path, details={"rows": [[{"backend": "eager"}]]})
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
 def test_write_result_records_this_machines_environment(tmp_path):
     path = results.write_result("bench", [], title="t", columns=COLUMNS, settings={}, folder=tmp_path)
 
