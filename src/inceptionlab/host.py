@@ -8,6 +8,7 @@ threads) for env.json and every bench row, so both carry the same keys for the s
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import platform
@@ -132,8 +133,6 @@ def keep_freed_memory(env: Mapping[str, str] | None = None, libc: Any = None) ->
 
 def _set_glibc_thresholds(libc: Any) -> str:
     if libc is None:
-        import ctypes
-
         libc = ctypes.CDLL(None)  # the C library this process already runs on
     if libc.mallopt(M_MMAP_THRESHOLD, HEAP_KEEP_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, HEAP_KEEP_BYTES):
         return f"glibc malloc keeps freed blocks up to {HEAP_KEEP_BYTES >> 20} MiB"

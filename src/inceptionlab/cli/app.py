@@ -22,13 +22,15 @@ from dataclasses import dataclass
 
 import typer
 
-# The command modules import only typer and the shared options at the top: what a command runs is
-# imported inside it, so registering all of them costs no start-up time.
-from inceptionlab import host
+# The command modules import typer, the shared options and torch-free helpers (errors, fileio, hardware)
+# at the top: what a command runs (torch, matplotlib) is imported inside it, so registering all of them
+# costs no start-up time.
+from inceptionlab import __version__, host
 from inceptionlab.cli import (
     bench, data, demo, doctor, evaluate, export, loadtest, lr_find, plot, predict, report, serve, train,
 )
 from inceptionlab.errors import INTERNAL_ERROR_EXIT, UserError, summary_of
+from inceptionlab.hardware import prepare_process_environment
 
 app = typer.Typer(
     name="inceptionlab",
@@ -79,8 +81,6 @@ def _global_options(
 
 def _print_version(asked: bool) -> None:
     if asked:
-        from inceptionlab import __version__
-
         typer.echo(f"inceptionlab {__version__}")
         raise typer.Exit()
 
@@ -139,10 +139,7 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Before any command imports torch: MIOpen reads its cache locations once, at load (inceptionlab.hardware).
-    from inceptionlab.hardware import prepare_process_environment
-
-    prepare_process_environment()
+    prepare_process_environment()  # before any command imports torch: MIOpen reads its cache locations once
     _invocation.debug = _debug_from_env()
     try:
         app(args=argv, prog_name="inceptionlab", standalone_mode=True)

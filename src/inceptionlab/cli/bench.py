@@ -9,7 +9,9 @@ from typing import List, Optional
 
 import typer
 
+from inceptionlab import hardware
 from inceptionlab.cli import options
+from inceptionlab.fileio import append_jsonl
 
 
 def _log(message: str) -> None:
@@ -73,18 +75,19 @@ def bench(
 
       inceptionlab bench RUN_DIR --backend openvino --precision fp32 --tta none,flip,flip-crops --batch 1,8
     """
-    from inceptionlab.infer.runtimes import describe_runtimes
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
+    from inceptionlab.infer.bench import (
+        BenchSettings, busy_warning, parse_batches, parse_list, plan, result_records, run_bench,
+    )
+    from inceptionlab.infer.runtimes import (
+        PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, check_provider_name, describe_runtimes,
+    )
+    from inceptionlab.infer.source import load_source
+    from inceptionlab.runtime import environment, resolve_device
 
     if list_runtimes:
         _print_runtimes(describe_runtimes(), as_json)
         return
-    from inceptionlab.fileio import append_jsonl
-    from inceptionlab.infer.bench import BenchSettings, parse_batches, parse_list, plan
-    from inceptionlab.infer.runtimes import PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, check_provider_name
-    from inceptionlab.runtime import environment, resolve_device
-
-    from inceptionlab import hardware
-
     check_provider_name(provider)
     target = Target(str(resolve_device(device)), provider, tune)
     facts = hardware.device_facts(target.device)
@@ -94,9 +97,6 @@ def bench(
                    parse_list(tta, options.TTA_MODES, "--tta"))
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),
                              holdout, calibration, min_agreement, onnx, rounds)
-    from inceptionlab.infer.bench import run_bench
-    from inceptionlab.infer.source import load_source
-
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)
     source = load_source(run, model, weights, out)
@@ -111,19 +111,14 @@ def bench(
     env = environment(target.device, gpu_settings=hardware.backends.record(facts))
     # Every option as parsed (defaults too, the output switches left out): rerunning it reproduces the row.
     command = options.canonical_command(ctx, skip=("as_json", "plot", "list_runtimes"))
-    from inceptionlab.infer.bench import result_records
-
     append_jsonl(source.bench_results, list(result_records(report, source, settings, command, env)))
     if not as_json:
         _print_table(report, source, env, settings)
-    else:
-        from inceptionlab.infer.bench import busy_warning
-
-        if busy_warning(report):
-            _log(f"warning: {busy_warning(report)}")
+    elif busy_warning(report):
+        _log(f"warning: {busy_warning(report)}")
     _log(f"results appended to {source.bench_results}")
     if plot:
-        from inceptionlab.bench_plots import plot_bench_run
+        from inceptionlab.bench_plots import plot_bench_run  # start-up time: matplotlib (~0.4 s), only when drawing
 
         for path in plot_bench_run(source.home):
             _log(f"plot {path}")
@@ -131,8 +126,7 @@ def bench(
 
 def _announce(facts, precisions: list[str]) -> None:
     """Before minutes are spent: what `auto` left out here, and any named precision that is emulated."""
-    from inceptionlab import hardware
-    from inceptionlab.infer.bench import auto_precisions
+    from inceptionlab.infer.bench import auto_precisions  # start-up time: torch, as in bench()
 
     if "auto" in precisions:
         found, ruled_out = auto_precisions(facts)
@@ -145,7 +139,7 @@ def _announce(facts, precisions: list[str]) -> None:
 
 
 def _print_table(report, source, env, settings) -> None:
-    from inceptionlab.infer.bench import busy_warning, format_table
+    from inceptionlab.infer.bench import busy_warning, format_table  # start-up time: torch, as in bench()
 
     row = report.rows[0]
     flops = f"{row['gflop_per_image']:.1f} GFLOP/image" if row["gflop_per_image"] else "GFLOP unknown"

@@ -24,6 +24,7 @@ def demo(
 
     Example: inceptionlab demo --set train.epochs=2
     """
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.engine.choices import load_training_recipe as load_recipe
     from inceptionlab.engine.fit import fit
     from inceptionlab.infer.predict import Predictor

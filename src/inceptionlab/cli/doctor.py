@@ -56,11 +56,10 @@ def doctor(
 
     Example: inceptionlab doctor --train-check --json
     """
-    # Imported here so `inceptionlab --help` does not pay for importing torch.
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.doctor import run_doctor
-    from inceptionlab.doctor.train_check import TrainCheckSettings
-
     from inceptionlab.doctor.speed import format_rows, speed_settings
+    from inceptionlab.doctor.train_check import TrainCheckSettings
 
     train = TrainCheckSettings(seconds=train_seconds) if train_check else None
     report = run_doctor(expect_gpu=expect_gpu, train=train)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from inceptionlab.cli import options
+from inceptionlab.cli.text import display_width, pad
 from inceptionlab.errors import UserError
 
 
@@ -63,6 +64,9 @@ def evaluate(
     Besides the summary it writes one row per image (results.csv, logits.npy): `inceptionlab report`
     turns them into a page of the model's errors.
     """
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
+    from inceptionlab.data.io.decode import UnreadableFile
+    from inceptionlab.engine.report import skipped_files_note
     from inceptionlab.infer.decision import save_calibration
     from inceptionlab.infer.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
     from inceptionlab.runtime import resolve_device
@@ -92,9 +96,6 @@ def evaluate(
     _print_table(report)
     print("\n".join(rule.lines()))
     if report["skipped"]:
-        from inceptionlab.data.io.decode import UnreadableFile
-        from inceptionlab.engine.report import skipped_files_note
-
         skipped = [UnreadableFile(s["file"], s["problem"]) for s in report["skipped"]]
         print(f"{skipped_files_note(skipped)} (not in the {report['samples']} samples)")
     print(f"wrote {paths['json']}, {paths['confusion_csv']}, {paths['confusion_png']}, {paths['reliability_png']}")
@@ -103,7 +104,7 @@ def evaluate(
 
 
 def _reject_target(reject: Optional[str]) -> Any:
-    from inceptionlab.infer.calibrate import RejectTarget
+    from inceptionlab.infer.calibrate import RejectTarget  # start-up time: torch, as in evaluate()
 
     return None if reject in (None, "none") else RejectTarget.parse(reject)
 
@@ -112,6 +113,7 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
               unknown_images: Optional[Path], weights: Optional[str], device: Any, batch_size: int) -> Any:
     """Fit the rule on validation (saved with a run's model), else apply the saved one; then try it on
     --unknown-images."""
+    # start-up time: torch, as in evaluate()
     from inceptionlab.infer.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
@@ -139,8 +141,6 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
 
 
 def _print_table(report: dict) -> None:
-    from inceptionlab.cli.text import display_width, pad
-
     per_class, counts = report["per_class"], report["per_class_samples"]
     width = max([display_width(k) for k in per_class] + [5])
     print(f"{pad('class', width)}  {'n':>5}  accuracy")

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from inceptionlab.cli import options
+from inceptionlab.errors import UserError
 from inceptionlab.infer.opsets import DEFAULT_OPSET, MIN_OPSET
 
 
@@ -54,15 +55,15 @@ def export(
 
       inceptionlab export RUN_DIR --format triton --max-batch 16 --instances 2 --accelerator openvino
     """
-    from inceptionlab.errors import UserError
-
     if format not in ("onnx", "triton"):
         raise UserError(f"--format {format}: use onnx or triton")
     if format == "triton" and not dynamic_batch:
         raise UserError("--format triton batches requests dynamically: drop --static-batch")
     triton = _triton_options(format, name, max_batch, max_delay_ms, max_queue, instances, accelerator, storage_uri)
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.infer.export import export_onnx
     from inceptionlab.infer.source import load_source
+    from inceptionlab.infer.triton import default_model_name, write_triton_repository
 
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)
@@ -70,8 +71,6 @@ def export(
     result = export_onnx(source, opset=opset, dynamic_batch=dynamic_batch, images=list(images) or None)
     repository = None
     if triton is not None:
-        from inceptionlab.infer.triton import default_model_name, write_triton_repository
-
         triton.name = triton.name or default_model_name(source.spec.arch, source.run_dir)
         repository = write_triton_repository(result.path, source.spec, source.exports / "triton", triton, opset)
     if as_json:
@@ -96,7 +95,7 @@ def _triton_options(format, name, max_batch, max_delay_ms, max_queue, instances,
     """Checked before the (slow) export, so a typo fails at once."""
     if format != "triton":
         return None
-    from inceptionlab.infer.triton import DEFAULT_STORAGE_URI, TritonOptions
+    from inceptionlab.infer.triton import DEFAULT_STORAGE_URI, TritonOptions  # start-up time: torch, as in export()
 
     options = TritonOptions(name, max_batch, max_delay_ms, max_queue, instances, accelerator,
                             storage_uri or DEFAULT_STORAGE_URI)

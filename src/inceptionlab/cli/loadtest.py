@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from inceptionlab.errors import UserError
+from inceptionlab.fileio import append_jsonl
 
 
 def _log(message: str) -> None:
@@ -69,9 +73,7 @@ def loadtest(
 
       inceptionlab loadtest http://triton:8000 --model inception_v3 --payload fp32 --concurrency 8 --json
     """
-    from inceptionlab.errors import UserError
-
-    try:
+    try:  # the loadtest extra: checked before the generator, which imports these at its top
         import httpx  # noqa: F401
         import prometheus_client  # noqa: F401
 
@@ -80,9 +82,7 @@ def loadtest(
     except ImportError:
         raise UserError("the load generator needs httpx, prometheus-client and (for gRPC) grpcio: pip install "
                         "'inceptionlab[loadtest]'") from None
-    import os
-
-    from inceptionlab.fileio import append_jsonl
+    # the loadtest extra (httpx) and matplotlib (~0.4 s): only when the command runs, never for --help
     from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep, settings_dict
     from inceptionlab.loadtest.report import (client_environment, client_warning_lines, format_table, plot_latency_vs_rate,
                                               records, redacted)

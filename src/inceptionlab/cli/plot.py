@@ -16,17 +16,16 @@ def plot(run_dir: Optional[Path] = options.run_argument(), run: Optional[Path] =
 
     Example: inceptionlab plot runs/demo/digits/20261122-101500
     """
-    from inceptionlab.checkpoint import RunDir
-
     run = options.pick_run(run_dir, run)
     if run is None:
         raise UserError("give a run directory: inceptionlab plot RUN_DIR")
+    # start-up time: torch and matplotlib (~2 s) load when the command runs, never for `inceptionlab --help`
+    from inceptionlab.bench_plots import plot_bench_run
+    from inceptionlab.checkpoint import RunDir
     from inceptionlab.plots import plot_run
 
     for path in plot_run(RunDir.open(run).path):
         print(path)
-    from inceptionlab.bench_plots import plot_bench_run  # bench/results.jsonl -> plots/bench_*.png
-
     for path in plot_bench_run(RunDir.open(run).path):
         print(path)
 

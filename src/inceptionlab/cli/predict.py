@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional
 
@@ -47,6 +48,7 @@ def predict(
 
       inceptionlab predict dog.jpg --explain cams/       # + cams/dog.cam.png (Grad-CAM of the top class)
     """
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.infer.predict import Predictor
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
     from inceptionlab.runtime import resolve_device
@@ -80,9 +82,7 @@ def predict(
 
 def _with_overlays(predictor: "Predictor", results: Iterable[dict], out_dir: Path, batch_size: int) -> Iterator[dict]:
     """The results as they come, each classified image's with "explain": its Grad-CAM overlay."""
-    from itertools import islice
-
-    from inceptionlab.infer.explain import Explainer, OverlayNames
+    from inceptionlab.infer.explain import Explainer, OverlayNames  # start-up time: torch, as in predict()
 
     explainer, names = Explainer(predictor.model, predictor.spec, predictor.device), OverlayNames()
     results = iter(results)
@@ -96,6 +96,7 @@ def _with_overlays(predictor: "Predictor", results: Iterable[dict], out_dir: Pat
 
 
 def _predict_texts(run: Optional[Path], texts: List[str], files: List[Path], device: str, as_json: bool) -> None:
+    # start-up time: torch and tokenizers, as in predict()
     from inceptionlab.infer.text import TextPredictor, read_text_inputs
     from inceptionlab.runtime import resolve_device
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from pathlib import Path
@@ -11,6 +12,7 @@ import typer
 
 from inceptionlab.cli import options
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import atomic_write_json
 
 
 def serve(
@@ -85,6 +87,7 @@ def serve(
 
       inceptionlab serve RUN_DIR --explain          # + curl --data-binary @dog.jpg .../v1/explain -o cam.png
     """
+    # start-up time: torch, FastAPI and uvicorn (~3 s) load when the command runs, never for `inceptionlab --help`
     from inceptionlab.runtime import resolve_device
     from inceptionlab.serve.app import API_KEY_ENV, create_app
     from inceptionlab.serve.models import BACKENDS, ModelLoadSettings, load_served_model
@@ -129,8 +132,6 @@ def serve(
     def say_ready(http_port: int, bound_grpc: int | None) -> None:
         """The ports really bound (--port 0 / --grpc-port 0 pick free ones), said and written for scripts."""
         if ports_file is not None:
-            from inceptionlab.fileio import atomic_write_json
-
             atomic_write_json(ports_file, {"host": host, "http": http_port, "grpc": bound_grpc})
         grpc_note = "" if bound_grpc is None else f", gRPC at {_bracketed(host)}:{bound_grpc}"
         typer.echo(f"ready: http://{_bracketed(host)}:{http_port}/ (KServe v2 at /v2, metrics at /metrics{grpc_note}"
@@ -141,6 +142,7 @@ def serve(
 
 def _explainers(sources: list, weights: Optional[str], device: str) -> Any:
     """Grad-CAM for each served image model, on its eager PyTorch model (whatever runtime serves /infer)."""
+    # start-up time: torch, as in serve()
     from inceptionlab.infer.explain import Explainer
     from inceptionlab.infer.source import load_source
     from inceptionlab.runtime import resolve_device
@@ -202,8 +204,6 @@ def _grpc_port(value: str) -> int | None:
 
 def _loopback(host: str) -> bool:
     """Only this machine can reach `host`: localhost or a loopback address (127.0.0.0/8, ::1)."""
-    import ipaddress
-
     if host == "localhost":
         return True
     try:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from inceptionlab.data.datasets.file_list import recorded_split
 from inceptionlab.errors import UserError
 
 
@@ -32,6 +34,7 @@ def train(
 
       torchrun --nproc_per_node=8 -m inceptionlab train inception_v3/tiny_imagenet --data DIR
     """
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.engine.choices import load_training_recipe as load_recipe
     from inceptionlab.engine.distributed import shutdown_distributed
     from inceptionlab.engine.fit import fit
@@ -43,8 +46,6 @@ def train(
             raise UserError(f"{resume}: not a run directory (no recipe.resolved.yaml) to resume")
         if recipe is not None:
             raise UserError("give either a RECIPE or --resume RUN_DIR, not both (use --set to change values)")
-        from inceptionlab.data.datasets.file_list import recorded_split
-
         loaded = load_recipe(source, recorded_split(resume) + extra)  # the same images as the run's first part
     elif recipe is None:
         raise UserError("missing RECIPE: e.g. `inceptionlab train inception_v3/tiny_imagenet --data DIR`")
@@ -76,9 +77,7 @@ def train(
 
 def _data_warning(recipe: object) -> None:
     """The data check's cheap part first: one line on stderr when the data looks wrong (rank 0 only)."""
-    import os
-
-    from inceptionlab.data.readers import data_warning
+    from inceptionlab.data.readers import data_warning  # start-up time: torch, as in train()
 
     line = data_warning(recipe.data)  # type: ignore[attr-defined]
     if line and os.environ.get("RANK", "0") == "0":
@@ -87,7 +86,7 @@ def _data_warning(recipe: object) -> None:
 
 def _export_text_model(run_dir: Path) -> None:
     """A text run also gets exports/text/: a folder that classifies with torch + tokenizers alone."""
-    from inceptionlab.infer.text import export_text_run
+    from inceptionlab.infer.text import export_text_run  # start-up time: torch, as in train()
 
     export_text_run(run_dir)
 
@@ -100,6 +99,7 @@ def recipes(
 
     Example: inceptionlab recipes --show inception_v3/tiny_imagenet
     """
+    # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.config import list_recipes, recipe_to_dict, recipe_to_yaml
     from inceptionlab.engine.choices import load_training_recipe as load_recipe
 

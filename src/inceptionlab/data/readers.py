@@ -35,6 +35,7 @@ from inceptionlab.data.text.child_reader import read_standardized_in_worker
 from inceptionlab.data.text.standardize import StandardizedTexts
 from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.errors import UserError
+from inceptionlab.models.spec import eval_transform
 
 
 def _data_root(cfg: DataConfig) -> Path:
@@ -119,7 +120,6 @@ def read_splits(cfg: DataConfig, augment: AugmentConfig | None = None) -> SplitP
     # Image folders decode files per sample through torchvision transforms (imported only here).
     from inceptionlab.data.datasets.imagefolder import image_folder_splits, labelled_file_splits
     from inceptionlab.data.transforms.host import train_transform  # torchvision (~1.3 s): image folders only
-    from inceptionlab.models.spec import eval_transform
 
     train_tf = train_transform(cfg, augment)
     val_tf = eval_transform(cfg.val_resize_size, cfg.val_crop_size, cfg.interpolation)

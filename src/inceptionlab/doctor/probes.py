@@ -11,9 +11,16 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+try:  # POSIX only: without a group database there are no groups to check
+    import grp
+    import pwd
+except ImportError:  # pragma: no cover - not POSIX
+    grp = pwd = None  # type: ignore[assignment]
+
 import torch
 
 from inceptionlab.host import shared_memory_space
+from inceptionlab.infer.runtimes import ort_installed_providers
 from inceptionlab.torch_build import TorchInfo, base_interpreter, gpu_signs, probe_torch, rocm_version
 
 
@@ -24,9 +31,7 @@ def _read_write_access(path: str) -> bool:
 def _current_user_groups() -> frozenset[str]:
     # os.getgroups() is the *process's* groups: after `usermod -aG render` they only appear
     # after a new login, which is exactly the state we want to diagnose.
-    try:
-        import grp  # POSIX only
-    except ImportError:  # not POSIX
+    if grp is None:  # not POSIX
         return frozenset()
     names = set()
     for gid in {*os.getgroups(), os.getgid()}:
@@ -39,10 +44,7 @@ def _current_user_groups() -> frozenset[str]:
 
 def _account_groups() -> frozenset[str]:
     """Groups the account belongs to in the group database (/etc/group), active in this login or not."""
-    try:
-        import grp
-        import pwd  # POSIX only
-    except ImportError:  # not POSIX
+    if grp is None or pwd is None:  # not POSIX
         return frozenset()
     try:
         user = pwd.getpwuid(os.getuid())
@@ -79,8 +81,6 @@ def _torch_arch_list() -> list[str]:
 def _runtime_targets() -> dict[str, list[str] | None]:
     """What each inference runtime can run on here (None: not installed): ONNX Runtime's providers
     (`get_available_providers()`: those compiled into the installed package) and OpenVINO's devices."""
-    from inceptionlab.infer.runtimes import ort_installed_providers  # start-up time: onnxruntime, on use
-
     targets: dict[str, list[str] | None] = {"onnxruntime": ort_installed_providers() or None}
     try:
         import openvino  # optional extra (openvino), imported on use

@@ -15,6 +15,7 @@ from inceptionlab.doctor.kernels import make_conv_case
 from inceptionlab.doctor.probes import SystemProbes, gpu_evidence
 from inceptionlab.doctor.report import BuildInfo, Check, DoctorReport
 from inceptionlab.doctor.shm import shm_check
+from inceptionlab.doctor.train_check import train_checks
 from inceptionlab.doctor.versions import build_check, python_check, torch_check, torchvision_check
 from inceptionlab.doctor.visibility import gpu_vendor, gpu_visibility_check, setup_fix
 
@@ -57,8 +58,6 @@ def run_doctor(
     checks.append(shm_check(probes))
     checks += runtime_checks(probes, gpu_vendor(build, gpu_count, probes))
     if train is not None:
-        from inceptionlab.doctor.train_check import train_checks  # only when asked: it loads scikit-learn's digits
-
         checks += [Check(name, status, detail) for name, status, detail in train_checks(devices, train)]
 
     return DoctorReport(

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+from inceptionlab.config import load_recipe
+from inceptionlab.data.loading.sampler import default_num_workers
+from inceptionlab.data.loading.shared_memory import MIB, shm_fix, shm_needed, workers_that_fit
+from inceptionlab.data.loading.workers import PREFETCH
 from inceptionlab.doctor.probes import SystemProbes
 from inceptionlab.doctor.report import Check
 
 
 def shm_check(probes: SystemProbes) -> Check:
     """Is /dev/shm big enough for the guide's loop's DataLoader workers (default count)?"""
-    from inceptionlab.config import load_recipe
-    from inceptionlab.data.loading.sampler import default_num_workers
-    from inceptionlab.data.loading.shared_memory import MIB, shm_fix, shm_needed, workers_that_fit
-    from inceptionlab.data.loading.workers import PREFETCH
-
     space = probes.shared_memory()
     if space is None:
         return Check("shm", "ok", "no /dev/shm here: DataLoader workers share memory another way")

@@ -15,6 +15,11 @@ from typing import Any
 import torch
 
 from inceptionlab import hardware
+from inceptionlab.engine.choices import load_training_recipe
+from inceptionlab.engine.speed import RunShape, decide_training
+from inceptionlab.engine.task import make_task
+from inceptionlab.infer.speed import decide_inference
+from inceptionlab.models.registry import build_model
 
 
 @dataclass(frozen=True)
@@ -63,11 +68,6 @@ def _decide(workload: Workload, device: torch.device, calibrate: bool,
 
 def _training(workload: Workload, device: torch.device, calibrate: bool,
               cache: hardware.SpeedCache | None) -> hardware.Decision:
-    from inceptionlab.engine.choices import load_training_recipe
-    from inceptionlab.engine.speed import RunShape, decide_training
-    from inceptionlab.engine.task import make_task
-    from inceptionlab.models.registry import build_model
-
     recipe = load_training_recipe(workload.recipe, ["model.weights=null"])
     classes = 10 if recipe.data.reader == "digits" else 200
     data = recipe.data
@@ -81,9 +81,6 @@ def _training(workload: Workload, device: torch.device, calibrate: bool,
 
 def _inference(workload: Workload, device: torch.device, calibrate: bool,
                cache: hardware.SpeedCache | None) -> hardware.Decision:
-    from inceptionlab.infer.speed import decide_inference
-    from inceptionlab.models.registry import build_model
-
     built = build_model("inception_v3", 1000, None, None)
     with threads_of_a_run():
         return decide_inference(built.model, "inception_v3", (3, workload.size, workload.size), workload.batch,

@@ -31,7 +31,10 @@ from torch import nn
 
 from inceptionlab import hardware
 from inceptionlab.config import Recipe
+from inceptionlab.engine.loop import StepSettings, train_step
+from inceptionlab.engine.optim import build_optimizer
 from inceptionlab.engine.speed import RunShape, synthetic_batch
+from inceptionlab.errors import UserError
 
 HEADROOM = 0.10
 MAX_BATCH = 4096  # probing stops here: beyond it the step's time, not memory, is the limit
@@ -114,9 +117,6 @@ def find_batch(step_peak: Callable[[int], int], budget_bytes: int, *, start: int
 
 def cuda_step_peak(recipe: Recipe, model: nn.Module, task: Any, device: torch.device, shape: RunShape) -> Callable[[int], int]:
     """One training step of a private copy of `model` at a batch size -> its peak bytes above the start."""
-    from inceptionlab.engine.loop import StepSettings, train_step  # loop imports nothing of this module
-    from inceptionlab.engine.optim import build_optimizer
-
     def step_peak(batch: int) -> int:
         memory_format = torch.channels_last if recipe.train.channels_last else torch.contiguous_format
         gc.collect()
@@ -200,7 +200,5 @@ def largest_divisor(batch: int, at_most: int) -> int:
 
 
 def raise_no_fit(recipe: Recipe, probe: BatchProbe) -> None:
-    from inceptionlab.errors import UserError
-
     raise UserError(f"{recipe.model.name}: not even a batch of 1 fits in {probe.budget_bytes / 2**30:.1f} GiB of "
                     "free GPU memory; free the GPU, or try train.precision=bf16 / a smaller data.train_crop_size")

@@ -32,7 +32,10 @@ import torch
 from torch import nn
 
 from inceptionlab import hardware
+from inceptionlab.data.loading.decoded_cache import cache_paths
+from inceptionlab.data.loading.image_options import image_folder_of
 from inceptionlab.data.splits import ArraySplit
+from inceptionlab.engine.task import main_logits
 from inceptionlab.fileio import atomic_torch_save
 from inceptionlab.runtime import autocast
 
@@ -68,8 +71,6 @@ def split_identity(dataset: Any) -> str:
         digest.update(dataset.inputs.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         digest.update(dataset.targets.numpy().tobytes())
         return digest.hexdigest()
-    from inceptionlab.data.loading.image_options import image_folder_of  # torchvision: image folders only
-
     found = image_folder_of(dataset)
     if found is None:
         raise TypeError(f"no feature cache key for a {type(dataset).__name__}")
@@ -83,12 +84,8 @@ def split_identity(dataset: Any) -> str:
 
 def cache_folder(dataset: Any) -> Path:
     """Beside the decoded image cache for image folders; the user cache for in-memory datasets."""
-    from inceptionlab.data.loading.image_options import image_folder_of  # torchvision: image folders only
-
     found = None if isinstance(dataset, ArraySplit) else image_folder_of(dataset)
     if found is not None:
-        from inceptionlab.data.loading.decoded_cache import cache_paths  # PIL: image folders only
-
         folder = cache_paths(Path(found[0].root), 0)[0].parent / "features"
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -107,8 +104,6 @@ def feature_key(parts: dict[str, Any], dataset: Any) -> str:
 @torch.inference_mode()
 def head_is_exact(model: nn.Module, head: nn.Module, example: torch.Tensor) -> bool:
     """True when `head` applied to what enters it gives `model`'s own (eval-mode) output for `example`."""
-    from inceptionlab.engine.task import main_logits  # beside its use: task is a sibling engine module
-
     captured: list[torch.Tensor] = []
     hook = head.register_forward_pre_hook(lambda module, args: captured.append(args[0].detach()))
     model.eval()

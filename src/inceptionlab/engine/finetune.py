@@ -30,8 +30,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
+from torch.utils.data import Subset
+from tqdm import tqdm
 
+from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.engine import features as feature_cache
+from inceptionlab.engine.distributed import barrier
 from inceptionlab.engine.loop import StepSettings
 
 if TYPE_CHECKING:
@@ -164,8 +168,6 @@ def _probe_input(s: TrainingSession) -> torch.Tensor:
 
 
 def feature_loaders(s: TrainingSession, features: feature_cache.Features) -> tuple[Any, Any]:
-    from inceptionlab.data.loading.loaders import make_loader  # the data layer, as the session builds it
-
     common = dict(seed=s.recipe.train.seed, num_workers=0, rank=s.dist.rank, world_size=s.dist.world_size,
                   device=s.device, mode="resident")
     train = make_loader(features.train, batch_size=s.recipe.train.batch_size, train=True, weights=s.sample_weights,
@@ -177,8 +179,6 @@ def feature_loaders(s: TrainingSession, features: feature_cache.Features) -> tup
 
 def compute_features(s: TrainingSession, head_name: str) -> feature_cache.Features:
     """Both splits' features: from the cache, or computed (rank 0 computes, the others then read)."""
-    from inceptionlab.engine.distributed import barrier
-
     head = s.model.get_submodule(head_name)
     key_parts = {"arch": s.spec.arch, "arch_kwargs": s.spec.arch_kwargs, "head": head_name,
                  "body": feature_cache.body_digest(s.model, head_name),
@@ -206,8 +206,6 @@ def compute_features(s: TrainingSession, head_name: str) -> feature_cache.Featur
 
 def _extractor(s: TrainingSession, head: nn.Module, dataset: Any) -> Callable[[], Any]:
     def compute() -> tuple[torch.Tensor, torch.Tensor]:
-        from inceptionlab.data.loading.loaders import make_loader  # the data layer, as the session builds it
-
         loader = make_loader(_eval_view(dataset, s), batch_size=s.recipe.train.eval_batch_size or
                              2 * s.recipe.train.batch_size, train=False, seed=s.recipe.train.seed,
                              num_workers=s.recipe.data.num_workers, device=s.device, mode=s.recipe.data.loader,
@@ -220,10 +218,6 @@ def _extractor(s: TrainingSession, head: nn.Module, dataset: Any) -> Callable[[]
 
 def _progress(loader: Any, s: TrainingSession) -> Any:
     """Batches with a progress bar on rank 0 when a terminal shows it."""
-    try:
-        from tqdm import tqdm  # start-up time: only when features are computed
-    except ImportError:
-        return loader
     # disable=None: no bar where stderr is not a terminal (logs, tests), as the run's own bars.
     return tqdm(loader, total=len(loader), desc="features", disable=None if s.dist.is_main else True, leave=False,
                 unit="batch")
@@ -231,8 +225,6 @@ def _progress(loader: Any, s: TrainingSession) -> Any:
 
 def _eval_view(dataset: Any, s: TrainingSession) -> Any:
     """The split with the eval transform (the worker path applies a dataset's own transform)."""
-    from torch.utils.data import Subset
-
     if isinstance(dataset, Subset):
         inner = copy.copy(dataset.dataset)
         inner.transform = s.val_set_transform

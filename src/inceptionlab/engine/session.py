@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
+import torch.distributed
 from torch import nn
 
 from inceptionlab import hardware
@@ -299,8 +300,6 @@ def _broadcaster(dist: DistInfo) -> Callable[[Any], Any]:
         return lambda decision: decision
 
     def broadcast(decision: Any) -> Any:
-        import torch.distributed
-
         box = [decision.to_dict() if decision is not None else None]
         torch.distributed.broadcast_object_list(box, src=0)
         return hardware.Decision.from_dict(box[0])
@@ -314,8 +313,6 @@ def _broadcaster_of(dist: DistInfo) -> Callable[[Any], Any]:
         return lambda value: value
 
     def broadcast(value: Any) -> Any:
-        import torch.distributed
-
         box = [value]
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]

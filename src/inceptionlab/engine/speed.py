@@ -26,6 +26,7 @@ from torch import nn
 
 from inceptionlab import hardware
 from inceptionlab.config import Recipe, TrainConfig
+from inceptionlab.engine.loop import StepSettings, train_step
 from inceptionlab.engine.optim import build_optimizer
 
 # On a CPU the candidates are timed at a batch whose step costs at most this much forward work, so that
@@ -148,8 +149,6 @@ def training_step(recipe: Recipe, model: nn.Module, task: Any, device: torch.dev
                   inputs: torch.Tensor, targets: torch.Tensor) -> Callable[[], None]:
     """One timed step of `candidate` on a private copy of `model` (the run's own model is untouched),
     always eager: compile is the probe's decision (hardware.candidates), never timed."""
-    from inceptionlab.engine.loop import StepSettings, train_step  # loop imports nothing of this module
-
     memory_format = torch.channels_last if candidate.channels_last else torch.contiguous_format
     copied = copy.deepcopy(model).to(device=device, memory_format=memory_format).train()
     optimizer = build_optimizer(copied.parameters(), recipe.optim)

@@ -51,7 +51,7 @@ class CacheKey:
 
 def make_key(purpose: str, facts: DeviceFacts, model: str, input_shape: Iterable[int], batch: int,
              threads: int | None = None, extra: str = "") -> CacheKey:
-    import torch
+    import torch  # start-up time: the package is imported before torch
 
     threads = torch.get_num_threads() if threads is None else threads
     return CacheKey(purpose, facts.kind, facts.name, facts.arch, facts.bf16, torch.__version__, model,

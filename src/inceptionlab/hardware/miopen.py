@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Mapping
 
@@ -21,8 +22,6 @@ MIOPEN_VARS = ("MIOPEN_USER_DB_PATH", "MIOPEN_CUSTOM_CACHE_DIR")
 def rocm_build_tag(torch_version: str | None = None) -> str | None:
     """'rocm6.2' from torch's version string ('2.5.1+rocm6.2'), read without importing torch."""
     if torch_version is None:
-        from importlib.metadata import PackageNotFoundError, version
-
         try:
             torch_version = version("torch")
         except PackageNotFoundError:

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from inceptionlab.hardware.facts import DeviceFacts, gpu_facts_from, no_bf16_reason
+from inceptionlab.host import cpu_flags, cpu_model_name
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +22,6 @@ def cpu_facts() -> DeviceFacts:
     neither, as it should.
     """
     import torch  # start-up time: callers that only need the name (loadtest) never pay for torch
-
-    from inceptionlab.host import cpu_flags, cpu_model_name
 
     capability = _cpu_capability(torch)
     bf16 = _mkldnn_supports(torch, "bf16")
@@ -47,7 +46,7 @@ def _mkldnn_supports(torch: Any, what: str) -> bool:
 
 
 def gpu_facts(index: int = 0) -> DeviceFacts:
-    import torch
+    import torch  # start-up time: the package is imported before torch
 
     props = torch.cuda.get_device_properties(index)
     if getattr(torch.version, "hip", None):
@@ -57,7 +56,7 @@ def gpu_facts(index: int = 0) -> DeviceFacts:
 
 def device_facts(device: Any) -> DeviceFacts:
     """Facts for a torch.device (or its name): the CPU's, or GPU index N's."""
-    import torch
+    import torch  # start-up time: the package is imported before torch
 
     device = torch.device(device)
     if device.type == "cuda":
@@ -97,7 +96,7 @@ def _cpu_emulation_warning(facts: DeviceFacts, precision: str, units: str, measu
 
 def conv_slowdown(precision: str, repeats: int = 3) -> float | None:
     """Seconds of one conv under `precision` autocast over fp32 seconds, on the CPU (None on failure)."""
-    import torch
+    import torch  # start-up time: the package is imported before torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     conv = torch.nn.Conv2d(64, 64, 3, padding=1).to(memory_format=torch.channels_last)

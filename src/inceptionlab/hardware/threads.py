@@ -114,7 +114,7 @@ class ThreadGovernor:
     def __init__(self, limit: int, *, sample: Callable[[], CpuSample | None] = cpu_sample,
                  set_threads: Callable[[int], None] | None = None, say: Callable[[str], None] | None = None,
                  fixed: bool = False, min_interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
-        import torch
+        import torch  # start-up time: the package is imported before torch
 
         self.limit, self.fixed, self.min_interval_s, self.clock = max(1, limit), fixed, min_interval_s, clock
         self.sampled_at = clock()

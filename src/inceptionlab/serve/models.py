@@ -55,6 +55,7 @@ from inceptionlab.infer.runtimes import (
     get_runtime,
 )
 from inceptionlab.infer.source import load_source
+from inceptionlab.infer.speed import decide_inference
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.serve.protocol import InputTensor, ProtocolError
@@ -525,8 +526,6 @@ def _precision_candidates(settings: ModelLoadSettings, backend: str, runtime: An
             settings.log(f"warning: {warning}")
         return [requested], layout
     if layout != NATIVE_LAYOUT:  # PyTorch backends: time precision and memory format on this model
-        from inceptionlab.infer.speed import decide_inference  # the PyTorch backends' path only
-
         decision = decide_inference(source.model, source.spec.arch, tuple(source.spec.input_shape),
                                     settings.max_batch or 1, torch.device(settings.device))
         settings.log(f"{source.label}: {decision.line(f'{backend} precision and layout')}")

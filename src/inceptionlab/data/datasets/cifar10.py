@@ -22,6 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+try:
+    from numpy._core.multiarray import _reconstruct  # numpy >= 2 (and 1.26's alias)
+except ImportError:  # pragma: no cover - older numpy
+    from numpy.core.multiarray import _reconstruct
+
 from inceptionlab.data.io.archives import safe_extract_tar
 from inceptionlab.data.io.download import DownloadError, fetch
 from inceptionlab.data.splits import ArraySplit
@@ -44,14 +49,6 @@ ROW_BYTES = 3 * 32 * 32
 # --- restricted unpickling ---------------------------------------------------------------------
 
 
-def _numpy_reconstruct():
-    try:
-        from numpy._core.multiarray import _reconstruct  # numpy >= 2 (and 1.26's alias)
-    except ImportError:  # pragma: no cover - older numpy
-        from numpy.core.multiarray import _reconstruct
-    return _reconstruct
-
-
 def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
     """`_codecs.encode` as pickle protocol 2 calls it: Python 3 writes each bytes value as
     `_codecs.encode(<the bytes as latin-1 text>, "latin1")`, which rebuilds the same bytes (PyTorch's
@@ -66,8 +63,8 @@ def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
 # with protocol 2 writes bytes through `_codecs.encode`.
 _ALLOWED_GLOBALS = {
     ("_codecs", "encode"): _latin1_bytes,
-    ("numpy.core.multiarray", "_reconstruct"): _numpy_reconstruct(),
-    ("numpy._core.multiarray", "_reconstruct"): _numpy_reconstruct(),
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
 }

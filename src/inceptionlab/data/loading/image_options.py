@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
+from inceptionlab import hardware
 from inceptionlab.config import AugmentConfig, needed_cache_size
 from inceptionlab.data.transforms.device import DEFAULT_RATIO, DeviceAugment
 from inceptionlab.runtime import AUTOCAST_DTYPES
@@ -46,8 +47,6 @@ class DeviceImageOptions:
         data, train = recipe.data, recipe.train
         precision = train.precision
         if precision == "auto":
-            from inceptionlab import hardware  # start-up time: only where a precision is still undecided
-
             precision = "bf16" if hardware.device_facts(device).bf16 else "fp32"
         # channels_last auto: the resampling writes NHWC, so keeping it costs no copy.
         channels_last = train.channels_last if isinstance(train.channels_last, bool) else True

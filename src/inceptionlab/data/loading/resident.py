@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from inceptionlab.data.loading.decoded_cache import decode_split, estimated_bytes, load_or_build
 from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_seed, image_folder_of
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
 from inceptionlab.data.splits import ArraySplit
@@ -172,9 +173,6 @@ def resident_image_loader(
     found = image_folder_of(dataset)
     if found is None:
         return None
-    # start-up time: PIL and torchvision, only when an image folder is read
-    from inceptionlab.data.loading.decoded_cache import decode_split, estimated_bytes, load_or_build
-
     folder, indices = found
     split_root = Path(folder.root)
     estimate = estimated_bytes(folder.samples, split_root, options.cache_size)

@@ -14,6 +14,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import Sampler
 
+from inceptionlab.data.loading.image_options import image_folder_of
+
 
 class EpochSampler(Sampler[int]):
     """Shuffled (or sequential) indices for one rank of `world_size`, reproducible per epoch.
@@ -76,8 +78,6 @@ def split_targets(dataset: Any) -> torch.Tensor:
     """The class index of every sample of a split, read without decoding any image."""
     if hasattr(dataset, "targets"):
         return torch.as_tensor(dataset.targets, dtype=torch.long)
-    from inceptionlab.data.loading.image_options import image_folder_of  # torchvision: image folders only
-
     found = image_folder_of(dataset)
     if found is not None:
         folder, indices = found

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from inceptionlab.data.loading.decoded_cache import decode_to_fit, stored_canvas
 from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_seed, image_folder_of
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
 from inceptionlab.data.loading.shared_memory import fit_workers
@@ -47,8 +48,6 @@ class _StreamFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int] | tuple[None, str]:
-        from inceptionlab.data.loading.decoded_cache import decode_to_fit  # start-up time: PIL and torchvision
-
         path, target = self.samples[index]
         image = decode_to_fit(path, self.cache_size, self.interpolation)
         return (None, image) if isinstance(image, str) else (image, target)  # a str: the UnreadableFile
@@ -127,8 +126,6 @@ def stream_image_loader(
 
     Training drops the last partial batch (`EpochSampler.batches`); `sharers`: processes on this node,
     which share /dev/shm."""
-    from inceptionlab.data.loading.decoded_cache import stored_canvas  # start-up time: PIL and torchvision
-
     found = image_folder_of(dataset)
     if found is None:
         return None
