@@ -57,6 +57,34 @@ def ema_cost(batch: int, size: int, rounds: int) -> dict[str, float]:
     return {"step_s": step, "ema_s": update, "share": update / step}
 
 
+def calibrated_random_weights(work: Path, size: int, aux: float | None) -> Path:
+    """Random Inception v3 weights whose BatchNorm statistics were measured on random images, as a weights file.
+
+    The stand-in for pretrained weights (none can be had here) in the frozen-body epoch: a random init's
+    running statistics (mean 0, variance 1) let the eval-mode body's activations grow through its ~90
+    layers, and the head then diverged on them (loss 1.8e25 in the head epoch, NaN in the next, 2-core
+    AMD EPYC). Pretrained weights' statistics are measured, as these are."""
+    import torch
+
+    from inceptionlab.models.registry import build_model
+
+    path = work / f"inception_v3-random-bn-measured-{size}px.pt"
+    if path.is_file():
+        return path
+    torch.manual_seed(0)
+    model = build_model("inception_v3", 1000, None, aux).model
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.reset_running_stats()
+            module.momentum = None  # a cumulative average over the calibration batches
+    model.train()
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(8, 3, size, size))
+    torch.save(model.state_dict(), path)
+    return path
+
+
 def feature_epochs(folder: Path, work: Path, sets: list[str]) -> dict[str, float]:
     rows_summary = transfer.train([f"data.root={folder}", "train.epochs=2", "finetune.freeze_epochs=1",
                                    "train.log_every=1000", "data.num_workers=0", *sets], work / "finetune-costs-runs")
@@ -91,7 +119,8 @@ def main() -> None:
     root = transfer.tiny_imagenet(args.data)
     settings = transfer.Settings(**{**transfer.FULL.__dict__, "classes": classes, "labels": 8, "val_per_class": 8})
     _, folder = transfer.build_task_folders(root, work, settings)
-    model = ["model.name=inception_v3", "model.weights=null", f"data.train_crop_size={size}",
+    weights = calibrated_random_weights(work, size, 0.4 if size >= 299 else None)
+    model = ["model.name=inception_v3", f"model.weights={weights}", "optim.lr=0.01", f"data.train_crop_size={size}",
              f"data.val_resize_size={size}", f"data.val_crop_size={size}", "train.batch_size=8", "train.precision=fp32",
              "train.channels_last=false", "train.compile=false"]
     costs = feature_epochs(folder, work, model)

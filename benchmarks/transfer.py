@@ -240,6 +240,7 @@ def main() -> None:
                         "(default: $INCEPTIONLAB_CACHE/transfer)")
     parser.add_argument("--arms", default=",".join(a.name for a in ARMS), help="comma-separated arm names")
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--classes", type=int, default=None, help=f"classes of set B (default {FULL.classes})")
     parser.add_argument("--epochs", type=int, default=None, help=f"fine-tuning epochs per run (default {FULL.epochs})")
     parser.add_argument("--pretrain-epochs", type=int, default=None,
                         help=f"the backbone's epochs on set A (default {FULL.pretrain_epochs}; cached per value)")
@@ -250,7 +251,8 @@ def main() -> None:
     from inceptionlab import hardware
 
     settings = SMOKE if args.smoke else FULL
-    chosen_settings = {"seeds": args.seeds, "epochs": args.epochs, "pretrain_epochs": args.pretrain_epochs,
+    chosen_settings = {"seeds": args.seeds, "classes": args.classes, "epochs": args.epochs,
+                       "pretrain_epochs": args.pretrain_epochs,
                        "val_per_class": args.val_per_class}
     settings = Settings(**{**settings.__dict__, **{k: v for k, v in chosen_settings.items() if v}})
     work = args.work or hardware.cache_root() / "transfer"
