@@ -323,3 +323,34 @@ def test_dry_run_plans_every_part_runs_the_doctor_checks_the_rest_and_writes_bot
     markdown = json_path.with_suffix(".md").read_text()
     assert markdown.startswith("# GPU report") and "| doctor |" in markdown
     assert markdown == gpu_report.render_report(record)  # the Markdown is drawn from the JSON alone
+
+
+def gpu_marked_tests(source: str) -> list[str]:
+    """Names of the test functions a module marks `gpu` (decorated, or the whole module by pytestmark)."""
+    import ast
+
+    tree = ast.parse(source)
+    whole = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+                and "mark.gpu" in ast.unparse(node.value) for node in tree.body)
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+            and (whole or any("mark.gpu" in ast.unparse(d) for d in node.decorator_list))]
+
+
+def test_every_gpu_test_that_runs_under_sync_debug_mode_is_in_the_reports_sync_debug_part():
+    """The report runs its sync-debug part early and names it: a test that runs the data path under
+    torch.cuda.set_sync_debug_mode but whose name lacks the part's keyword would run later, unnamed
+    (test_gpu_sync.py's did, found by the report's dry run)."""
+    import ast
+
+    keywords = [word.strip() for word in gpu_report.NAMED_TESTS["sync-debug"][0].split(" or ")]
+    checked = []
+    for module in sorted((REPO / "tests").glob("test_*.py")):
+        source = module.read_text()
+        calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+                 and getattr(node.func, "attr", "") == "set_sync_debug_mode"]
+        if not calls:
+            continue
+        for name in gpu_marked_tests(source):
+            checked.append(name)
+            assert any(word in name for word in keywords), f"{module.name}::{name} lacks {' or '.join(keywords)}"
+    assert len(checked) >= 2  # the data path's and the device augmentation's tests were found

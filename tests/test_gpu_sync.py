@@ -60,7 +60,7 @@ def loaders(kind: str, tmp_path, device):
 
 
 @pytest.mark.parametrize("kind", LOADERS)
-def test_training_and_evaluation_epochs_never_synchronise(kind, tmp_path):
+def test_training_and_evaluation_epochs_never_synchronise_under_sync_debug(kind, tmp_path):
     device = torch.device("cuda")
     train_loader, val_loader = loaders(kind, tmp_path, device)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
