@@ -162,6 +162,10 @@ def main() -> None:
     def normalised(x: torch.Tensor) -> torch.Tensor:
         return delivered(normalize(x.to(device, non_blocking=True)).to(dtype))
 
+    needed = (args.warmup + args.batches) * args.batch
+    if args.photos and args.photos < needed:  # each row reads one epoch: it would run out of batches
+        raise SystemExit(f"--photos {args.photos}: give at least {needed} ((--warmup {args.warmup} + --batches "
+                         f"{args.batches}) x --batch {args.batch}), or fewer --batches")
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = write_photos(Path(tmp), args.photos) if args.photos else copy_dataset(args.data, Path(tmp))
