@@ -23,6 +23,7 @@ DOCUMENTED_DIFFERENCES = {
     "train.label_smoothing",
     "optim.lr", "optim.decay_norm_and_bias",
     "schedule.name", "schedule.warmup_epochs",
+    "finetune.freeze_epochs", "finetune.layer_decay",
 }
 
 
