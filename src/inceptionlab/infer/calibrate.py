@@ -96,13 +96,16 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, tol: float = 1e-10) 
     beta = 1.0 if low < 1.0 < high else (low + high) / 2
     for _ in range(100):
         grad, curvature = slope(beta)
+        if abs(grad) < tol:  # at the minimum: stop here (a bisection step now would leave it)
+            break
         if grad < 0:
             low = beta
         else:
             high = beta
         step = beta - grad / curvature if curvature > 0 else None
-        beta = step if step is not None and low < step < high else (low + high) / 2
-        if high - low < tol * high or abs(grad) < tol:
+        # A Newton step that rounds onto the bracket's edge is the converged answer, not an escape.
+        beta = step if step is not None and low <= step <= high else (low + high) / 2
+        if high - low < tol * high:
             break
     return 1.0 / beta
 
