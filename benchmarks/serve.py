@@ -50,7 +50,6 @@ import math
 import os
 import statistics
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -60,12 +59,12 @@ from typing import Any
 
 import httpx
 
-from _results import render_file, write_result  # this folder's sibling module
+from _results import render_file, write_result  # this folder's sibling modules
+from _servers import free_port, stop_gracefully, wait_until_ready
 from inceptionlab import hardware
 from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep
 
 PROTOCOLS = ("http", "grpc")
-READY_TIMEOUT_S = 900  # first start exports Inception v3, compiles each batch size, checks reduced precisions
 PEERS = ("litserve", "none")
 PEER_SCRIPT = Path(__file__).resolve().with_name("litserve_peer.py")
 PEER_TARGET = 2.0  # the demo model: our SLO rate at least this multiple of the peer's, every repetition
@@ -80,12 +79,6 @@ def fixed_configs(cpus: int) -> dict[str, list[str]]:
 def all_configs(cpus: int) -> dict[str, list[str]]:
     return {**fixed_configs(cpus), "auto": ["--instances", "auto", "--max-batch", "auto", "--max-delay-ms", "auto",
                                             "--calibrate"]}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def load_average() -> list[float]:
@@ -130,21 +123,6 @@ def targets_of(args: argparse.Namespace) -> list[Target]:
     return [Target(name, demo_run(args)) if name == "demo" else Target(name) for name in args.models]
 
 
-def wait_until_ready(url: str, process: subprocess.Popen, log_file: Path) -> None:
-    deadline = time.perf_counter() + READY_TIMEOUT_S
-    with httpx.Client(timeout=2.0) as client:
-        while time.perf_counter() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited ({process.returncode}): {log_file.read_text()[-2000:]}")
-            try:
-                if client.get(url).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)  # polling a subprocess's readiness: nothing to wait on instead
-    raise RuntimeError(f"server not ready after {READY_TIMEOUT_S} s; see {log_file}")
-
-
 class Server:
     """`inceptionlab serve` in a subprocess with both front ends; a context manager that always stops it."""
 
@@ -187,13 +165,7 @@ class Server:
                 "max_delay_ms": config["dynamic_batching"]["max_queue_delay_microseconds"] / 1000}
 
     def __exit__(self, *exc: Any) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)  # drains accepted requests, then exits
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_gracefully(self.process, timeout_s=60)
         self.handle.close()
 
 

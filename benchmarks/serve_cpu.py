@@ -33,24 +33,19 @@ import gc
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from _results import render_file, write_result  # this folder's sibling module
+from _results import render_file, write_result  # this folder's sibling modules
+from _servers import free_port, stop_gracefully, wait_until_ready
 from inceptionlab.loadtest.generator import LoadSettings, run_load
 
 VARIANTS = {"standard": {"loop": "auto", "http": "auto", "freeze": True},
             "plain": {"loop": "asyncio", "http": "h11", "freeze": True},
             "nofreeze": {"loop": "auto", "http": "auto", "freeze": False},
             "young10k": {"loop": "auto", "http": "auto", "freeze": True, "threshold": (10_000, 10, 10)}}
-READY_TIMEOUT_S = 900
 TICKS = os.sysconf("SC_CLK_TCK")
 # Where a sample's CPU went: the first part whose pattern matches a frame (function and file, as py-spy
 # prints them), from the leaf up.
@@ -66,12 +61,6 @@ PARTS = [("inference", r"infer/runtimes|openvino|onnxruntime|torch/nn/"),
 COLUMNS = [("variant", "variant"), ("round", "round"), ("server_cpu_ms_per_request", "server CPU, ms per request", ".2f"),
            ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"), ("ok", "answered"), ("errors", "failed"),
            ("client_cpu", "client CPU, cores", ".2f"), ("loadavg_1min", "load average", ".1f")]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_as_server(variant: str, argv: list[str]) -> None:
@@ -108,20 +97,8 @@ class Server:
         return f"http://127.0.0.1:{self.port}" if protocol == "http" else f"127.0.0.1:{self.grpc_port}"
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"{self.variant}: the server exited ({self.process.returncode}); "
-                                       f"see {self.log.name}")
-                try:
-                    if client.get(f"{self.url('http')}/v2/health/ready").status_code == 200:
-                        self.pid = self.process.pid
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)  # polling a subprocess's readiness: nothing to wait on instead
-        raise RuntimeError(f"{self.variant}: not ready after {READY_TIMEOUT_S} s")
+        wait_until_ready(f"{self.url('http')}/v2/health/ready", self.process, Path(self.log.name), what=self.variant)
+        self.pid = self.process.pid
 
     def profiler(self, path: Path, seconds: float, rate: int) -> subprocess.Popen:
         """py-spy attached to the server for `seconds` (the measurement's window, not start-up), raw stacks to
@@ -137,13 +114,7 @@ class Server:
         return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime of every thread
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)  # the server drains and exits
-        try:
-            self.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_gracefully(self.process, timeout_s=120)
         self.log.close()
 
 

@@ -18,18 +18,28 @@ SMALL = ["model.name=resnet18", "model.weights=null", "data.train_crop_size=40",
          "data.val_crop_size=40", "data.num_workers=0", "train.batch_size=4", "train.epochs=2", "optim.lr=0.01"]
 
 
+def torchrun_two_ranks(*args: str, timeout: int) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run` with two local ranks on one thread each; asserts it exited 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def rank_records(out: Path) -> list[dict]:
+    """What each rank's helper wrote to OUT/rank{0,1}.json."""
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
 def test_two_process_ddp_training_counts_every_val_image_once(tmp_path):
     data = make_image_folder(tmp_path / "data", train_per_class=5, val_per_class=3)
     (data / "val" / "fox" / "fox_2.png").unlink()  # 8 val images... make it odd:
     (data / "val" / "dog" / "dog_2.png").unlink()  # 7 val images: 4 + 3 across two ranks, no padding
     out = tmp_path / "runs"
     sets = [x for item in SMALL for x in ("--set", item)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "inceptionlab", "train", "inception_v3/imagefolder", "--data", str(data), "--out", str(out),
-           "--no-progress", "--json", *sets]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = torchrun_two_ranks("-m", "inceptionlab", "train", "inception_v3/imagefolder", "--data", data, "--out", out,
+                              "--no-progress", "--json", *sets, timeout=240)
 
     runs = list(out.glob("inception_v3/imagefolder/*"))
     assert len(runs) == 1, "only rank 0 creates a run directory"
@@ -59,12 +69,8 @@ def test_fine_tuning_stages_under_ddp_keep_the_ranks_identical(tmp_path):
     images = make_image_folder(tmp_path / "images", train_per_class=5, val_per_class=2)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(FINETUNE_HELPER),
-           str(out), str(images)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    proc = torchrun_two_ranks(FINETUNE_HELPER, out, images, timeout=400)
+    ranks = rank_records(out)
     assert ranks[0]["status"] == ranks[1]["status"] == "completed"
     assert ranks[0]["model"] == ranks[1]["model"] and ranks[0]["ema"] == ranks[1]["ema"]
     assert "the whole model trains from here" in proc.stdout and "features:" in proc.stdout
@@ -89,12 +95,8 @@ def test_after_a_resume_each_rank_draws_its_own_numbers_as_in_an_uninterrupted_r
     (only rank 0 writes the checkpoint) made all ranks draw the same masks and crops after a resume."""
     images = make_image_folder(tmp_path / "images")
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(HELPER),
-           str(out), str(images), str(imdb_root)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    torchrun_two_ranks(HELPER, out, images, imdb_root, timeout=600)
+    ranks = rank_records(out)
     for recipe, kinds in (("images", {"rng", "input"}), ("text", {"rng", "input", "mask"})):
         for rank in ranks:
             runs = rank[recipe]
@@ -141,12 +143,8 @@ def test_one_rank_decodes_the_image_cache_and_the_other_waits_and_loads_it(tmp_p
     data = make_image_folder(tmp_path / "data", train_per_class=40, val_per_class=1, size=32)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(CACHE_HELPER),
-           str(out), str(data)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    torchrun_two_ranks(CACHE_HELPER, out, data, timeout=240)
+    ranks = rank_records(out)
     assert sorted(rank["decoded"] for rank in ranks) == [0, 1]
     assert ranks[0]["images"] == ranks[1]["images"] == 120 and ranks[0]["pixels"] == ranks[1]["pixels"]
 
@@ -171,10 +169,6 @@ NONFINITE_HELPER = Path(__file__).parent / "helpers" / "ddp_nonfinite.py"
 def test_a_nan_on_one_rank_stops_every_rank_with_the_same_message(tmp_path):
     """Rank 1's loss turns NaN, rank 0's does not: both stop at the same log point with one message
     (raised on rank 1 alone, rank 0 waited in its next collective until the process group's timeout)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(NONFINITE_HELPER),
-           str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun_two_ranks(NONFINITE_HELPER, tmp_path, timeout=180)
     zero, one = ((tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1))
     assert zero == one == "loss is nan at step 8 on rank 1"

@@ -114,6 +114,18 @@ async def _first_answers(tasks: list[asyncio.Task], count: int) -> list:
     return done
 
 
+async def refused_then_the_rest(tasks: list[asyncio.Task], gate: Gate, while_held=None) -> tuple[list, list]:
+    """The 3 answers that came while the gate held 2 requests in flight (then `while_held()`, still
+    held), and every answer once the gate opened; the gate opens whatever happens."""
+    try:
+        refused = await _first_answers(tasks, 3)
+        if while_held is not None:
+            await while_held()
+    finally:
+        gate.opened.set()
+    return refused, await asyncio.gather(*tasks)
+
+
 def test_http_requests_beyond_max_concurrency_are_refused_with_503(tiny):
     gate = Gate(tiny[2])
     app = create_app([gate.model], RequestSettings(max_concurrency=2, max_delay_ms=0))
@@ -122,16 +134,13 @@ def test_http_requests_beyond_max_concurrency_are_refused_with_503(tiny):
     async def load(base: str) -> tuple[list, list]:
         async with httpx.AsyncClient(base_url=base, timeout=WAIT_S) as http:
             tasks = [asyncio.create_task(http.post("/v1/classify", content=image)) for _ in range(5)]
-            try:
-                refused = await _first_answers(tasks, 3)  # two are in flight, held by the gate
+
+            async def probe_while_two_are_held():
                 assert sum(t.done() for t in tasks) == 3
                 probe = await http.get("/v2/health/ready")  # probes are never refused
                 assert probe.status_code == 200
-            except BaseException:
-                gate.opened.set()
-                raise
-            gate.opened.set()
-            return refused, await asyncio.gather(*tasks)
+
+            return await refused_then_the_rest(tasks, gate, probe_while_two_are_held)
 
     with uvicorn_thread(app) as base:
         try:
@@ -158,14 +167,7 @@ def test_grpc_calls_beyond_max_concurrency_are_resource_exhausted(tiny):
                 except InferenceServerException as exc:
                     return exc
 
-            tasks = [asyncio.create_task(one()) for _ in range(5)]
-            try:
-                refused = await _first_answers(tasks, 3)
-            except BaseException:
-                gate.opened.set()
-                raise
-            gate.opened.set()
-            return refused, await asyncio.gather(*tasks)
+            return await refused_then_the_rest([asyncio.create_task(one()) for _ in range(5)], gate)
 
     with uvicorn_thread(app) as _base:
         try:

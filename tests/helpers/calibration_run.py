@@ -1,29 +1,21 @@
-"""A small trained image run to calibrate, and images of none of its classes.
+"""The small trained image run (helpers.small_runs) to calibrate, and images of none of its classes.
 
-The guide's CIFAR-10 network (cifar10_cnn, 62 k parameters, 32 px) learns the coloured squares of
-`make_image_folder` in a few epochs (~35 s with start-up on the shared 2-core machine). Two validation
-images are filed under the wrong class (a red "cat" square under dog/, ...): the model calls them by
-their colour with high confidence, so validation has errors to calibrate against (a split the model
-gets all right would push the temperature towards 0). The out-of-class images are uniform noise and
-grey squares: colours of none of the classes.
+Its validation split has two images filed under the wrong class (a red "cat" square under dog/, ...):
+the model calls them by their colour with high confidence, so validation has errors to calibrate
+against (a split the model gets all right would push the temperature towards 0). The out-of-class
+images are uniform noise and grey squares: colours of none of the classes.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from conftest import FAST, make_image_folder
+from helpers.small_runs import SETTINGS, copy_run_dir, small_run
 from PIL import Image
 
-CLASSES = ("cat", "dog", "fox")
-MISFILED = (("cat", "dog"), ("fox", "cat"))  # (class of the image, folder it is filed under)
-SETTINGS = [s for s in FAST if not s.startswith(("data.train_crop", "data.val_", "optim.lr", "train.epochs"))] + [
-    "model.name=cifar10_cnn", "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32",
-    "train.epochs=6", "optim.lr=0.01",
-]
+__all__ = ["SETTINGS", "CalibrationRun", "calibration_run", "write_outside_images"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +26,10 @@ class CalibrationRun:
 
     def copy(self, into: Path) -> "CalibrationRun":
         """A private copy of the run directory (evaluate writes spec.json and eval/ into it)."""
-        target = into / self.run_dir.name
-        shutil.copytree(self.run_dir, target, ignore=shutil.ignore_patterns("checkpoints", "tb"))
-        return CalibrationRun(target, self.data, self.outside)
+        return CalibrationRun(copy_run_dir(self.run_dir, into), self.data, self.outside)
 
 
-_CACHE: dict[str, CalibrationRun] = {}
+_OUTSIDE: dict[str, Path] = {}
 
 
 def write_outside_images(folder: Path, count: int = 12, seed: int = 1) -> Path:
@@ -53,17 +43,9 @@ def write_outside_images(folder: Path, count: int = 12, seed: int = 1) -> Path:
 
 
 def calibration_run(tmp_path_factory) -> CalibrationRun:
-    """cifar10_cnn on 3 coloured classes (10 train, 6 val images each, 2 of val misfiled), once per session."""
-    from inceptionlab.config import load_recipe
-    from inceptionlab.engine.fit import fit
-
-    if "run" not in _CACHE:
-        root = tmp_path_factory.mktemp("calibration_run")
-        data = make_image_folder(root / "data", classes=CLASSES, train_per_class=10, val_per_class=6)
-        for source, wrong in MISFILED:
-            image = sorted((data / "val" / source).glob("*.png"))[0]
-            image.rename(data / "val" / wrong / f"misfiled_{image.name}")
-        recipe = load_recipe("inception_v3/imagefolder", [*SETTINGS, f"data.root={data}"])
-        run_dir = fit(recipe, root / "runs", progress=False).run_dir
-        _CACHE["run"] = CalibrationRun(run_dir, data, write_outside_images(root / "outside"))
-    return _CACHE["run"]
+    """cifar10_cnn on 3 coloured classes (10 train, 6 val images each, 2 of val misfiled), trained once
+    per session (the same run as `small_run`), and 24 images of no class."""
+    run = small_run(tmp_path_factory)
+    if "outside" not in _OUTSIDE:
+        _OUTSIDE["outside"] = write_outside_images(tmp_path_factory.mktemp("outside") / "outside")
+    return CalibrationRun(run.run_dir, run.data, _OUTSIDE["outside"])

@@ -1,5 +1,5 @@
 """A small trained image run with planted label errors, for the per-image results, the error report,
-Grad-CAM and label-error tests.
+Grad-CAM, label-error and score-calibration tests.
 
 The guide's CIFAR-10 network (cifar10_cnn, 62 k parameters, 32 px) learns the coloured squares of
 `make_image_folder` in a few epochs: ~30 s with start-up on the shared 2-core machine, against
@@ -33,9 +33,14 @@ class SmallRun:
 
     def copy(self, into: Path) -> "SmallRun":
         """A private copy of the run directory (commands write eval/ and report files into it)."""
-        target = into / self.run_dir.name
-        shutil.copytree(self.run_dir, target, ignore=shutil.ignore_patterns("checkpoints", "tb"))
-        return SmallRun(target, self.data, self.planted)
+        return SmallRun(copy_run_dir(self.run_dir, into), self.data, self.planted)
+
+
+def copy_run_dir(run_dir: Path, into: Path) -> Path:
+    """run_dir copied into `into`, without its checkpoints and TensorBoard logs."""
+    target = into / run_dir.name
+    shutil.copytree(run_dir, target, ignore=shutil.ignore_patterns("checkpoints", "tb"))
+    return target
 
 
 _CACHE: dict[str, SmallRun] = {}
