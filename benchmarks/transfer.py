@@ -232,13 +232,36 @@ def run_arms(arms: list[Arm], folder: Path, weights: Path, settings: Settings, w
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+COLUMNS = [("arm", "arm"), ("what", "method"), ("n", "seeds"), ("top1", "top-1, mean +- std"),
+           ("top5", "top-5, mean +- std"), ("wall_s", "s per run", ".0f")]
+
+
+@dataclass(frozen=True)
+class Task:
+    """The task as the command line set it: settings, the arms chosen, set B's folder and the backbone."""
+
+    settings: Settings
+    arms: list[Arm]
+    folder: Path
+    weights: Path
+    work: Path
+    smoke: bool
+
+    def title(self) -> str:
+        s = self.settings
+        return (f"Transfer to {s.classes} new tiny-imagenet classes from {s.labels} labels each (resnet18 "
+                f"pretrained on {s.pretrain_classes} other classes), validation top-1 over {s.val_per_class} "
+                f"images per class, {s.epochs} epochs" + (" (smoke settings: not a result)" if self.smoke else ""))
+
+
+def task_parser(description: str, default_arms: str) -> argparse.ArgumentParser:
+    """The options of this script and of transfer_lr.py: the data, the task's size, the arms."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--data", type=Path, default=Path(os.environ.get("INCEPTIONLAB_SHARED_DATA", "../shared/data")),
                         help="folder holding tiny-imagenet-200 (default: $INCEPTIONLAB_SHARED_DATA)")
     parser.add_argument("--work", type=Path, default=None, help="links, runs and the cached backbone "
                         "(default: $INCEPTIONLAB_CACHE/transfer)")
-    parser.add_argument("--arms", default=",".join(a.name for a in ARMS), help="comma-separated arm names")
+    parser.add_argument("--arms", default=default_arms, help="comma-separated arm names")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--classes", type=int, default=None, help=f"classes of set B (default {FULL.classes})")
     parser.add_argument("--epochs", type=int, default=None, help=f"fine-tuning epochs per run (default {FULL.epochs})")
@@ -247,30 +270,32 @@ def main() -> None:
     parser.add_argument("--val-per-class", type=int, default=None,
                         help=f"set B's validation images per class (default {FULL.val_per_class}, at most 50)")
     parser.add_argument("--smoke", action="store_true", help="tiny settings: every code path in minutes")
-    args = parser.parse_args()
+    return parser
+
+
+def prepare_task(args: argparse.Namespace) -> Task:
+    """Settings from the options, the task's folders linked, the backbone trained or recalled."""
     from inceptionlab import hardware
 
     settings = SMOKE if args.smoke else FULL
     chosen_settings = {"seeds": args.seeds, "classes": args.classes, "epochs": args.epochs,
-                       "pretrain_epochs": args.pretrain_epochs,
-                       "val_per_class": args.val_per_class}
+                       "pretrain_epochs": args.pretrain_epochs, "val_per_class": args.val_per_class}
     settings = Settings(**{**settings.__dict__, **{k: v for k, v in chosen_settings.items() if v}})
     work = args.work or hardware.cache_root() / "transfer"
     work.mkdir(parents=True, exist_ok=True)
-    chosen = [a for a in ARMS if a.name in args.arms.split(",")]
     root = tiny_imagenet(args.data)
-    pretrain, transfer = build_task_folders(root, work, settings)
-    start = time.perf_counter()
+    pretrain, folder = build_task_folders(root, work, settings)
     weights = pretrained_backbone(pretrain, work, settings)
-    rows = run_arms(chosen, transfer, weights, settings, work)
-    title = (f"Transfer to {settings.classes} new tiny-imagenet classes from {settings.labels} labels each "
-             f"(resnet18 pretrained on {settings.pretrain_classes} other classes), validation top-1 over "
-             f"{settings.val_per_class} images per class, {settings.epochs} epochs"
-             + (" (smoke settings: not a result)" if args.smoke else ""))
-    write_result("transfer", rows, title=title, settings={**settings.__dict__, "smoke": args.smoke},
-                 columns=[("arm", "arm"), ("what", "method"), ("n", "seeds"), ("top1", "top-1, mean +- std"),
-                          ("top5", "top-5, mean +- std"), ("wall_s", "s per run", ".0f")],
-                 details={"seconds": time.perf_counter() - start, "backbone": str(weights)})
+    return Task(settings, [a for a in ARMS if a.name in args.arms.split(",")], folder, weights, work, args.smoke)
+
+
+def main() -> None:
+    args = task_parser(__doc__.splitlines()[0], ",".join(a.name for a in ARMS)).parse_args()
+    start = time.perf_counter()
+    task = prepare_task(args)
+    rows = run_arms(task.arms, task.folder, task.weights, task.settings, task.work)
+    write_result("transfer", rows, title=task.title(), settings={**task.settings.__dict__, "smoke": task.smoke},
+                 columns=COLUMNS, details={"seconds": time.perf_counter() - start, "backbone": str(task.weights)})
 
 
 if __name__ == "__main__":
