@@ -66,6 +66,7 @@ def calibrated_random_weights(work: Path, size: int, aux: float | None) -> Path:
     AMD EPYC). Pretrained weights' statistics are measured, as these are."""
     import torch
 
+    from inceptionlab.fileio import atomic_torch_save
     from inceptionlab.models.registry import build_model
 
     path = work / f"inception_v3-random-bn-measured-{size}px.pt"
@@ -81,7 +82,7 @@ def calibrated_random_weights(work: Path, size: int, aux: float | None) -> Path:
     with torch.no_grad():
         for _ in range(4):
             model(torch.randn(8, 3, size, size))
-    torch.save(model.state_dict(), path)
+    atomic_torch_save(model.state_dict(), path)  # a cache: never a half-written file
     return path
 
 

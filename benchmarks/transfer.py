@@ -171,7 +171,7 @@ def train(recipe_sets: list[str], out: Path) -> dict[str, Any]:
 
 def pretrained_backbone(folder: Path, work: Path, settings: Settings) -> Path:
     """A resnet18 trained from scratch on set A, as a plain state_dict file; cached by its settings."""
-    import shutil
+    from inceptionlab.fileio import atomic_write_bytes
 
     sets = [*COMMON, f"data.root={folder}", "model.weights=null", f"train.epochs={settings.pretrain_epochs}",
             "train.batch_size=64", "optim.lr=0.1", "schedule.warmup_epochs=1", "data.hflip=true",
@@ -183,7 +183,8 @@ def pretrained_backbone(folder: Path, work: Path, settings: Settings) -> Path:
         return weights
     print(f"pretraining resnet18 on set A ({folder}), {settings.pretrain_epochs} epochs ...", flush=True)
     summary = train(sets, work / "pretrain-runs")
-    shutil.copyfile(Path(summary["run_dir"]) / "model.pt", weights)
+    # A cache checked by its existence: written whole or not at all (44 MB, read once).
+    atomic_write_bytes(weights, (Path(summary["run_dir"]) / "model.pt").read_bytes())
     (work / f"resnet18-setA-{key}.json").write_text(json.dumps({"sets": sets, "summary": summary}, default=str))
     print(f"pretrained backbone: {weights} (val top-1 on set A {summary['last']['top1']:.3f}, "
           f"{summary['wall_s']:.0f} s)", flush=True)
