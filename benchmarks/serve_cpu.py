@@ -17,6 +17,10 @@ Variants (the event loop and HTTP parser uvicorn runs on, and the collector poli
   plain     asyncio's own loop + h11 (uvicorn without its standard extras)
   nofreeze  standard, without freezing start-up's objects out of the garbage collector's reach
   young10k  standard, with the youngest generation collected every 10,000 allocations instead of 700
+  onethread standard, each instance's runtime on one thread instead of its share of the CPUs
+
+`--body json` sends the plain JSON form (base64 images, what benchmarks/serve.py sends both servers)
+instead of the binary tensor extension.
 
 `--profile DIR` attaches py-spy to each server for its first measurement (--profile-rate samples/s, idle
 threads left out; on a busy 2-core machine py-spy falls behind at 200/s) and prints where
@@ -47,7 +51,8 @@ from inceptionlab.loadtest.generator import LoadSettings, run_load
 VARIANTS = {"standard": {"loop": "auto", "http": "auto", "freeze": True},
             "plain": {"loop": "asyncio", "http": "h11", "freeze": True},
             "nofreeze": {"loop": "auto", "http": "auto", "freeze": False},
-            "young10k": {"loop": "auto", "http": "auto", "freeze": True, "threshold": (10_000, 10, 10)}}
+            "young10k": {"loop": "auto", "http": "auto", "freeze": True, "threshold": (10_000, 10, 10)},
+            "onethread": {"loop": "auto", "http": "auto", "freeze": True, "threads": 1}}
 TICKS = os.sysconf("SC_CLK_TCK")
 # Where a sample's CPU went: the first part whose pattern matches a frame (function and file, as py-spy
 # prints them), from the leaf up.
@@ -73,6 +78,10 @@ def run_as_server(variant: str, argv: list[str]) -> None:
     chosen = VARIANTS[variant]
     config, settle = server.uvicorn_config, server.settle_collector
     server.uvicorn_config = lambda *args, **kwargs: _with(config(*args, **kwargs), chosen)
+    if "threads" in chosen:
+        from inceptionlab import hardware
+        from inceptionlab.hardware import serving
+        hardware.instance_threads = serving.instance_threads = lambda cpus, instances: chosen["threads"]
     if not chosen["freeze"]:
         server.settle_collector = lambda: None
     elif "threshold" in chosen:
@@ -122,7 +131,7 @@ class Server:
 
 def measure(server: Server, args: argparse.Namespace, seed: int, profile: Path | None = None) -> dict[str, Any]:
     settings = LoadSettings(server.url(args.protocol), model=args.name, rate=args.rate, duration=args.duration,
-                            payload=args.payload, protocol=args.protocol, warmup=0, seed=seed, slo_ms=1e9)
+                            payload=args.payload, body=args.body, protocol=args.protocol, warmup=0, seed=seed, slo_ms=1e9)
     spy = server.profiler(profile, args.duration, args.profile_rate) if profile is not None else None
     before = server.cpu_seconds()
     row = run_load(settings)
@@ -159,6 +168,8 @@ def main() -> None:
     parser.add_argument("--variants", default="standard,plain", help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--protocol", default="http", choices=["http", "grpc"])
     parser.add_argument("--payload", default="image", help="image (encoded files), tensor (UINT8) or fp32")
+    parser.add_argument("--body", default="binary", choices=["binary", "json"],
+                        help="binary: the tensor extension (raw bytes); json: the plain JSON form (base64)")
     parser.add_argument("--rate", type=float, default=80.0, help="Poisson requests/s (below saturation)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3)

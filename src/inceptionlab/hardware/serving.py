@@ -20,6 +20,12 @@ from inceptionlab.hardware.calibration import measured_figures
 # measured, favours big batches that random arrivals rarely fill.
 SLO_RATE_MARGIN = 1.1
 DEFAULT_SLO_MS = 100.0  # a person waiting on an answer; the serving benchmark's objective too
+# A model slower than the objective even alone (Inception v3 at 299 px on a 2-core AMD EPYC Zen 3: 116 ms
+# per lone request) is planned for this many times its fastest plan's lone-request latency instead, the
+# serving benchmark's own rule for its SLO. Planning for throughput there chose 2 instances x 32 (13.3
+# img/s saturated), whose simulated rate within 5x is half that of 2 x 1 (3.9 against 7.7/s); measured
+# under Poisson arrivals at 3-4.5/s, 2 x 32 answered at p50 ~217 ms where 1 x 1 did at ~125 ms.
+SLOW_MODEL_SLO_FACTOR = 5.0
 LIGHT_LOAD = 0.2  # of the best plan's rate, where "latency at a light load" is compared
 AUTO_MAX_BATCH = 32
 MAX_AUTO_INSTANCES = 4
@@ -126,8 +132,13 @@ class ServeDecision:
     source: str = "measured"
     seconds: float = 0.0
     threads: int | None = None  # per instance, on a CPU
-    slo_ms: float = DEFAULT_SLO_MS
+    slo_ms: float = DEFAULT_SLO_MS  # the objective asked for
     latency: dict[str, PlanLatency] = field(default_factory=dict)
+    planned_slo_ms: float | None = None  # the objective planned for: slo_ms unless no plan can hold it
+
+    def __post_init__(self) -> None:
+        if self.planned_slo_ms is None:
+            self.planned_slo_ms = self.slo_ms
 
     def line(self) -> str:
         how = {"measured": f"measured in {self.seconds:.1f} s", "cached": "cached measurement", "probe": "as set",
@@ -147,7 +158,12 @@ class ServeDecision:
             return (f"; no plan holds p99 <= {self.slo_ms:g} ms here (--slo-ms), chosen for throughput; "
                     f"saturation img/s: {saturation}")
         held = ", ".join(f"{label} {plan.rate:.1f}/s (p50 {plan.light_p50_ms:g} ms light)" for label, plan in rates)
-        return (f"; highest Poisson rate holding p99 <= {self.slo_ms:g} ms, simulated from batch times: {held}; "
+        objective = f"p99 <= {self.planned_slo_ms:g} ms"
+        if self.planned_slo_ms != self.slo_ms:
+            return (f"; no plan holds p99 <= {self.slo_ms:g} ms here (--slo-ms); planned for {objective} "
+                    f"({SLOW_MODEL_SLO_FACTOR:g}x the fastest lone request): highest Poisson rate holding it, "
+                    f"simulated from batch times: {held}; saturation img/s: {saturation}")
+        return (f"; highest Poisson rate holding {objective}, simulated from batch times: {held}; "
                 f"saturation img/s: {saturation}")
 
 
@@ -164,12 +180,23 @@ def decide_serving(plans: list[ServePlan], measure: Callable[[ServePlan, float],
         if delay_ms is None and plans[0].max_batch > 1 and measure is not None:
             figures, source = measured_figures([ServePlan(plans[0].instances, 1)], measure, key, cache, fresh,
                                                SERVE_BUDGET_S, {}, clock, stop_when_spent=False)
-        choice, latency = plans[0], {}
+        choice, latency, planned_slo_ms = plans[0], {}, slo_ms
     else:
         figures, source = measured_figures(measured_plans(plans), measure, key, cache, fresh, SERVE_BUDGET_S, {},
                                            clock, stop_when_spent=False)
-        latency = simulate_plans(plans, figures, slo_ms, delay_ms)
+        planned_slo_ms, latency = objective_and_latency(plans, figures, slo_ms, delay_ms)
         choice = pick_plan(plans, latency, figures)
     threads = None if gpu else instance_threads(cpus, choice.instances)
     return ServeDecision(choice, plan_delay_ms(choice, figures, delay_ms), figures, source, clock() - started,
-                         threads, slo_ms, latency)
+                         threads, slo_ms, latency, planned_slo_ms)
+
+
+def objective_and_latency(plans: list[ServePlan], figures: Mapping[str, float], slo_ms: float,
+                          delay_ms: float | None) -> tuple[float, dict[str, PlanLatency]]:
+    """The objective to plan for and each plan simulated at it: `slo_ms`, unless no plan holds even that
+    (every plan slower alone than the objective); then SLOW_MODEL_SLO_FACTOR x the fastest lone request."""
+    latency = simulate_plans(plans, figures, slo_ms, delay_ms)
+    if not latency or any(plan.rate > 0 for plan in latency.values()):
+        return slo_ms, latency
+    relaxed = round(SLOW_MODEL_SLO_FACTOR * min(plan.light_p50_ms for plan in latency.values()), 1)
+    return relaxed, simulate_plans(plans, figures, relaxed, delay_ms)
