@@ -128,13 +128,15 @@ class Server:
 
     own_group = False  # a process group of its own, stopped as a whole (a server that starts processes)
 
-    def __init__(self, target: Target, backend: str, precision: str, extra: list[str], log_path: Path):
+    def __init__(self, target: Target, backend: str, precision: str, extra: list[str], log_path: Path,
+                 env: dict[str, str] | None = None):
         self.port, self.grpc_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [sys.executable, "-m", "inceptionlab", "serve", *target.source_args,
                         "--backend", backend, "--precision", precision, "--port", str(self.port),
                         "--grpc-port", str(self.grpc_port), *extra]
         self.log = log_path
+        self.env = env  # --server-src: the servers' inceptionlab from another checkout
 
     def address(self, protocol: str) -> str:
         return self.url if protocol == "http" else f"127.0.0.1:{self.grpc_port}"
@@ -143,7 +145,7 @@ class Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.handle = open(self.log, "w")
         self.process = subprocess.Popen(self.command, stdout=self.handle, stderr=subprocess.STDOUT,
-                                        start_new_session=self.own_group)
+                                        start_new_session=self.own_group, env=self.env)
         started = time.perf_counter()
         try:
             self._wait_ready()
@@ -180,7 +182,7 @@ class Peer(Server):
         self.command = [sys.executable, str(PEER_SCRIPT), "--onnx", str(onnx), "--name", target.name,
                         "--port", str(self.port), "--max-batch", str(max_batch),
                         "--batch-timeout", str(batch_timeout_s)]
-        self.log = log_path
+        self.log, self.env = log_path, None
         self.max_batch = max_batch
 
     def _wait_ready(self) -> None:
@@ -266,16 +268,27 @@ def measure_protocol(target: Target, name: str, server: Server, protocol: str, a
 
 
 def config_options(name: str, args: argparse.Namespace, plan: Plan) -> list[str]:
-    """`serve` options of a configuration; `auto` chooses its plan for this run's SLO once it is known."""
+    """`serve` options of a configuration; `auto` chooses its plan for this run's SLO once it is known
+    (with --server-src, for its own default objective: a checkout may predate --slo-ms)."""
     extra = list(args.config_options[name])
-    return [*extra, "--slo-ms", f"{plan.slo_ms:g}"] if name == "auto" and plan.slo_ms else extra
+    return [*extra, "--slo-ms", f"{plan.slo_ms:g}"] if name == "auto" and plan.slo_ms and not args.server_src \
+        else extra
+
+
+def server_env(args: argparse.Namespace) -> dict[str, str] | None:
+    """--server-src: the environment that makes `python -m inceptionlab` import that checkout's package."""
+    if args.server_src is None:
+        return None
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(args.server_src.resolve()),
+                                                                      os.environ.get("PYTHONPATH")]))}
 
 
 def measure_config(target: Target, name: str, args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
     extra = config_options(name, args, plan)
     result: dict[str, Any] = {"model": target.name, "config": name, "serve_options": extra,
                               "loadavg_before": load_average()}
-    with Server(target, args.backend, args.precision, extra, out / f"server-{target.name}-{name}.log") as server:
+    with Server(target, args.backend, args.precision, extra, out / f"server-{target.name}-{name}.log",
+                server_env(args)) as server:
         result["start_s"] = round(server.start_s, 1)
         result["served_as"] = served = server.served_as(target.name)
         log(f"[{target.name} {name}] ready in {server.start_s:.0f} s at {server.url} and 127.0.0.1:{server.grpc_port}: "
@@ -294,7 +307,8 @@ def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, o
     options = config_options("auto", args, plan)
     result: dict[str, Any] = {"model": target.name, "onnx": str(onnx), "serve_options": options,
                               "loadavg_before": load_average(), "servers": {}}
-    with Server(target, args.backend, args.precision, options, out / f"server-{target.name}-vs-peer.log") as ours, \
+    with Server(target, args.backend, args.precision, options, out / f"server-{target.name}-vs-peer.log",
+                server_env(args)) as ours, \
             Peer(target, onnx, args.peer_max_batch, args.peer_batch_timeout_ms / 1e3,
                  out / f"peer-{target.name}.log") as peer:
         servers = {"inceptionlab": ours, args.peer: peer}
@@ -459,6 +473,9 @@ def parse_args(cpus: int) -> argparse.Namespace:
     parser.add_argument("--images", type=Path, nargs="*", default=[], help="JPEGs to send (default: the "
                                                                           "sample pictures, else generated)")
     parser.add_argument("--bench-iters", type=int, default=30)
+    parser.add_argument("--server-src", type=Path, default=None, help="run the servers (not the peer, not this "
+                        "client) from this checkout's src/: a before/after comparison with one client; auto then "
+                        "plans for its own default objective")
     parser.add_argument("--out", type=Path, default=Path("runs/bench-serve"))
     args = parser.parse_args()
     args.models = [n.strip() for n in args.models.split(",") if n.strip()]

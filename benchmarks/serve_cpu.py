@@ -3,6 +3,8 @@
     python benchmarks/serve_cpu.py --run RUN_DIR                         # uvicorn[standard] vs plain, HTTP
     python benchmarks/serve_cpu.py --run RUN_DIR --variants standard --profile runs/serve-cpu
     python benchmarks/serve_cpu.py --model inception_v3 --protocol grpc --payload tensor --rate 10
+    python benchmarks/serve_cpu.py --model inception_v3 --variants baseline,standard --baseline-src ../base/src \
+        --serve-args "--instances 1 --max-batch 1" --rate 5,7 --duration 20   # before/after, one client
 
 Each variant is its own `inceptionlab serve` process on 127.0.0.1, all started before the first
 measurement and all alive until the last, and the same open-loop Poisson load (the loadtest library,
@@ -18,6 +20,7 @@ Variants (the event loop and HTTP parser uvicorn runs on, and the collector poli
   nofreeze  standard, without freezing start-up's objects out of the garbage collector's reach
   young10k  standard, with the youngest generation collected every 10,000 allocations instead of 700
   onethread standard, each instance's runtime on one thread instead of its share of the CPUs
+  baseline  `inceptionlab serve` from another checkout's src/ (--baseline-src), as it is: before/after
 
 `--body json` sends the plain JSON form (base64 images, what benchmarks/serve.py sends both servers)
 instead of the binary tensor extension.
@@ -65,7 +68,7 @@ PARTS = [("inference", r"infer/runtimes|openvino|onnxruntime|torch/nn/"),
          ("event loop, waits", r"asyncio|uvloop|selectors|concurrent/futures|threading")]
 
 
-COLUMNS = [("variant", "variant"), ("round", "round"), ("server_cpu_ms_per_request", "server CPU, ms per request", ".2f"),
+COLUMNS = [("variant", "variant"), ("round", "round"), ("rate", "Poisson rate, /s", "g"), ("server_cpu_ms_per_request", "server CPU, ms per request", ".2f"),
            ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"), ("ok", "answered"), ("errors", "failed"),
            ("client_cpu", "client CPU, cores", ".2f"), ("loadavg_1min", "load average", ".1f")]
 
@@ -95,13 +98,17 @@ def _with(config: Any, chosen: dict[str, Any]) -> Any:
 
 
 class Server:
-    def __init__(self, variant: str, serve_args: list[str], log: Path):
+    def __init__(self, variant: str, serve_args: list[str], log: Path, baseline_src: Path | None = None):
         self.variant, self.port, self.grpc_port = variant, free_port(), free_port()
-        command = [sys.executable, __file__, "--as-server", variant, "serve", *serve_args, "--port", str(self.port),
-                   "--grpc-port", str(self.grpc_port)]
+        ports = ["--port", str(self.port), "--grpc-port", str(self.grpc_port)]
+        command = [sys.executable, __file__, "--as-server", variant, "serve", *serve_args, *ports]
+        env = None
+        if variant == "baseline":  # the other checkout's server untouched (it may predate the patched hooks)
+            command = [sys.executable, "-m", "inceptionlab", "serve", *serve_args, *ports]
+            env = {**os.environ, "PYTHONPATH": str(baseline_src.resolve())}
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "w")
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.pid: int | None = None
 
     def url(self, protocol: str) -> str:
@@ -129,8 +136,9 @@ class Server:
         self.log.close()
 
 
-def measure(server: Server, args: argparse.Namespace, seed: int, profile: Path | None = None) -> dict[str, Any]:
-    settings = LoadSettings(server.url(args.protocol), model=args.name, rate=args.rate, duration=args.duration,
+def measure(server: Server, args: argparse.Namespace, rate: float, seed: int,
+            profile: Path | None = None) -> dict[str, Any]:
+    settings = LoadSettings(server.url(args.protocol), model=args.name, rate=rate, duration=args.duration,
                             payload=args.payload, body=args.body, protocol=args.protocol, warmup=0, seed=seed, slo_ms=1e9)
     spy = server.profiler(profile, args.duration, args.profile_rate) if profile is not None else None
     before = server.cpu_seconds()
@@ -138,7 +146,7 @@ def measure(server: Server, args: argparse.Namespace, seed: int, profile: Path |
     spent = server.cpu_seconds() - before
     if spy is not None:
         spy.wait(timeout=120)
-    return {"variant": server.variant, "ok": row["ok"], "errors": row["error"] + row["rejected"] + row["timeout"],
+    return {"variant": server.variant, "rate": rate, "ok": row["ok"], "errors": row["error"] + row["rejected"] + row["timeout"],
             "server_cpu_ms_per_request": round(1e3 * spent / max(1, row["ok"]), 3),
             "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "client_cpu": row["client_cpu"],
             "loadavg_1min": row["loadavg_1min"]}
@@ -170,7 +178,8 @@ def main() -> None:
     parser.add_argument("--payload", default="image", help="image (encoded files), tensor (UINT8) or fp32")
     parser.add_argument("--body", default="binary", choices=["binary", "json"],
                         help="binary: the tensor extension (raw bytes); json: the plain JSON form (base64)")
-    parser.add_argument("--rate", type=float, default=80.0, help="Poisson requests/s (below saturation)")
+    parser.add_argument("--rate", default="80", help="Poisson requests/s (below saturation); a comma list: each")
+    parser.add_argument("--baseline-src", type=Path, default=None, help="the `baseline` variant's checkout src/")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", type=Path, default=None, help="run the servers under py-spy; raw files here")
@@ -179,12 +188,15 @@ def main() -> None:
     args = parser.parse_args()
     if (args.run is None) == (args.model is None):
         parser.error("give --run RUN_DIR or --model NAME")
+    args.rates = [float(rate) for rate in args.rate.split(",")]
+    if "baseline" in args.variants.split(",") and args.baseline_src is None:
+        parser.error("the baseline variant runs another checkout's server: give --baseline-src OTHER/src")
     args.name = "model"
     source = [f"{args.name}={args.run}"] if args.run else ["--model", args.model, "--weights", "random"]
     if args.model:
         args.name = args.model
     serve_args = [*source, *args.serve_args.split()]
-    servers = [Server(v, serve_args, args.out / f"server-{v}.log") for v in args.variants.split(",")]
+    servers = [Server(v, serve_args, args.out / f"server-{v}.log", args.baseline_src) for v in args.variants.split(",")]
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -192,10 +204,12 @@ def main() -> None:
         for server in servers:
             server.wait_ready()
         for round_ in range(args.rounds):
-            for server in servers:
-                profile = args.profile / f"{server.variant}.txt" if args.profile is not None and round_ == 0 else None
-                rows.append({**measure(server, args, seed=round_, profile=profile), "round": round_})
-                print(json.dumps(rows[-1]), flush=True)
+            for rate in args.rates:
+                for server in servers:
+                    first = round_ == 0 and rate == args.rates[0]
+                    profile = args.profile / f"{server.variant}.txt" if args.profile is not None and first else None
+                    rows.append({**measure(server, args, rate, seed=round_, profile=profile), "round": round_})
+                    print(json.dumps(rows[-1]), flush=True)
     finally:
         for server in servers:
             server.stop()
@@ -204,7 +218,7 @@ def main() -> None:
     path = write_result("serve_cpu", rows, columns=COLUMNS,
                         settings={k: str(v) for k, v in vars(args).items()},
                         title=f"`inceptionlab serve` CPU per request: {args.run or args.model}, {args.protocol}, "
-                              f"{args.payload} payload, Poisson {args.rate:g}/s, {args.rounds} rounds A/B",
+                              f"{args.payload} payload, Poisson {args.rate}/s, {args.rounds} rounds A/B",
                         details={"profiles": profiles})
     print(render_file(path))
     for variant, parts in profiles.items():
