@@ -57,7 +57,7 @@ def main() -> None:
         served.run(0, [inputs])
         return (time.perf_counter() - start) * 1e3
 
-    for name, spec, tta in rules:  # warm-up: first calls allocate and pick kernels
+    for _name, spec, tta in rules:  # warm-up: first calls allocate and pick kernels
         answer(spec, tta)
     times: dict[str, list[float]] = {name: [] for name, _, _ in rules}
     for _ in range(args.rounds):

@@ -7,7 +7,6 @@ CPU samples (what the thread governor reads from /proc) are injected too. No bus
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from torch import nn

@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from inceptionlab.config import AugmentConfig
-from inceptionlab.data.transforms.device import DeviceAugment, sample_crop_params
+from inceptionlab.data.transforms.device import DeviceAugment
 from inceptionlab.data.transforms.device_ops import OPS
 from inceptionlab.data.transforms.device_policy import PolicyAugment, apply_rounds, erase
 from inceptionlab.data.transforms.host import train_transform

@@ -29,7 +29,7 @@ import pytest
 from inceptionlab import host
 from inceptionlab.errors import UserError
 from inceptionlab.loadtest import generator as lt
-from inceptionlab.loadtest.payloads import TensorRequest, infer_body, json_infer_body, prepare_requests
+from inceptionlab.loadtest.payloads import TensorRequest, infer_body, json_infer_body
 from inceptionlab.loadtest.report import format_table, plot_latency_vs_rate
 from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats, statistics_counters
 from inceptionlab.loadtest.transports import HttpTransport
