@@ -128,3 +128,14 @@ def test_the_simulation_is_deterministic():
     times = BatchTimes(0.004, 0.05, 32)
     assert np.array_equal(queueing.simulate(queueing.poisson_arrivals(300.0), 2, times, 0.001),
                           queueing.simulate(queueing.poisson_arrivals(300.0), 2, times, 0.001))
+
+
+def test_the_cli_help_states_the_slow_model_rule_and_the_default_objective():
+    """The CLI keeps torch-free imports, so its help spells the figures out: they must be the planner's."""
+    import inspect
+
+    from inceptionlab.cli.serve import serve
+
+    option = inspect.signature(serve).parameters["slo_ms"].default
+    assert option.default == hardware.DEFAULT_SLO_MS
+    assert f"planned for {hardware.SLOW_MODEL_SLO_FACTOR:g}x its fastest lone request" in option.help

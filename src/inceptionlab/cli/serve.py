@@ -34,7 +34,8 @@ def serve(
                                   "arrivals within --slo-ms is chosen."),
     slo_ms: float = typer.Option(100.0, "--slo-ms", min=0.001, help="The latency objective auto plans are "
                                  "chosen for: p99 in ms under Poisson arrivals (the plans' rates and saturation "
-                                 "are printed at start-up)."),
+                                 "are printed at start-up). A model slower than it even alone is planned for 5x "
+                                 "its fastest lone request instead."),
     max_delay_ms: str = typer.Option("auto", "--max-delay-ms", help="Longest a request waits for its batch to "
                                      "fill, ms; auto: 10% of one unbatched inference (1-10 ms), 0 unbatched."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
