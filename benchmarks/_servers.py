@@ -3,6 +3,7 @@ until it answers its readiness probe, and stopping it the way a deployment does 
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +19,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def checkout_env(src: Path | None) -> dict[str, str] | None:
+    """The environment in which `python -m inceptionlab` imports the package at `src` (another checkout's
+    src/, for a before/after with one client); None: this process's own environment, unchanged."""
+    if src is None:
+        return None
+    paths = [str(src.resolve()), os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in paths if path)}
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, log_file: Path, what: str = "server") -> None:

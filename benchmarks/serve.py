@@ -60,7 +60,7 @@ from typing import Any
 import httpx
 
 from _results import render_file, write_result  # this folder's sibling modules
-from _servers import free_port, stop_gracefully, wait_until_ready
+from _servers import checkout_env, free_port, stop_gracefully, wait_until_ready
 from inceptionlab import hardware
 from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep
 
@@ -275,20 +275,12 @@ def config_options(name: str, args: argparse.Namespace, plan: Plan) -> list[str]
         else extra
 
 
-def server_env(args: argparse.Namespace) -> dict[str, str] | None:
-    """--server-src: the environment that makes `python -m inceptionlab` import that checkout's package."""
-    if args.server_src is None:
-        return None
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(args.server_src.resolve()),
-                                                                      os.environ.get("PYTHONPATH")]))}
-
-
 def measure_config(target: Target, name: str, args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
     extra = config_options(name, args, plan)
     result: dict[str, Any] = {"model": target.name, "config": name, "serve_options": extra,
                               "loadavg_before": load_average()}
     with Server(target, args.backend, args.precision, extra, out / f"server-{target.name}-{name}.log",
-                server_env(args)) as server:
+                checkout_env(args.server_src)) as server:
         result["start_s"] = round(server.start_s, 1)
         result["served_as"] = served = server.served_as(target.name)
         log(f"[{target.name} {name}] ready in {server.start_s:.0f} s at {server.url} and 127.0.0.1:{server.grpc_port}: "
@@ -308,7 +300,7 @@ def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, o
     result: dict[str, Any] = {"model": target.name, "onnx": str(onnx), "serve_options": options,
                               "loadavg_before": load_average(), "servers": {}}
     with Server(target, args.backend, args.precision, options, out / f"server-{target.name}-vs-peer.log",
-                server_env(args)) as ours, \
+                checkout_env(args.server_src)) as ours, \
             Peer(target, onnx, args.peer_max_batch, args.peer_batch_timeout_ms / 1e3,
                  out / f"peer-{target.name}.log") as peer:
         servers = {"inceptionlab": ours, args.peer: peer}

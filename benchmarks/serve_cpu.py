@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from _results import render_file, write_result  # this folder's sibling modules
-from _servers import free_port, stop_gracefully, wait_until_ready
+from _servers import checkout_env, free_port, stop_gracefully, wait_until_ready
 from inceptionlab.loadtest.generator import LoadSettings, run_load
 
 VARIANTS = {"standard": {"loop": "auto", "http": "auto", "freeze": True},
@@ -68,7 +68,8 @@ PARTS = [("inference", r"infer/runtimes|openvino|onnxruntime|torch/nn/"),
          ("event loop, waits", r"asyncio|uvloop|selectors|concurrent/futures|threading")]
 
 
-COLUMNS = [("variant", "variant"), ("round", "round"), ("rate", "Poisson rate, /s", "g"), ("server_cpu_ms_per_request", "server CPU, ms per request", ".2f"),
+COLUMNS = [("variant", "variant"), ("round", "round"), ("rate", "Poisson rate, /s", "g"),
+           ("server_cpu_ms_per_request", "server CPU, ms per request", ".2f"),
            ("p50_ms", "p50 ms", ".1f"), ("p99_ms", "p99 ms", ".1f"), ("ok", "answered"), ("errors", "failed"),
            ("client_cpu", "client CPU, cores", ".2f"), ("loadavg_1min", "load average", ".1f")]
 
@@ -105,7 +106,7 @@ class Server:
         env = None
         if variant == "baseline":  # the other checkout's server untouched (it may predate the patched hooks)
             command = [sys.executable, "-m", "inceptionlab", "serve", *serve_args, *ports]
-            env = {**os.environ, "PYTHONPATH": str(baseline_src.resolve())}
+            env = checkout_env(baseline_src)
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(log, "w")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
@@ -139,14 +140,16 @@ class Server:
 def measure(server: Server, args: argparse.Namespace, rate: float, seed: int,
             profile: Path | None = None) -> dict[str, Any]:
     settings = LoadSettings(server.url(args.protocol), model=args.name, rate=rate, duration=args.duration,
-                            payload=args.payload, body=args.body, protocol=args.protocol, warmup=0, seed=seed, slo_ms=1e9)
+                            payload=args.payload, body=args.body, protocol=args.protocol, warmup=0, seed=seed,
+                            slo_ms=1e9)
     spy = server.profiler(profile, args.duration, args.profile_rate) if profile is not None else None
     before = server.cpu_seconds()
     row = run_load(settings)
     spent = server.cpu_seconds() - before
     if spy is not None:
         spy.wait(timeout=120)
-    return {"variant": server.variant, "rate": rate, "ok": row["ok"], "errors": row["error"] + row["rejected"] + row["timeout"],
+    return {"variant": server.variant, "rate": rate, "ok": row["ok"],
+            "errors": row["error"] + row["rejected"] + row["timeout"],
             "server_cpu_ms_per_request": round(1e3 * spent / max(1, row["ok"]), 3),
             "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "client_cpu": row["client_cpu"],
             "loadavg_1min": row["loadavg_1min"]}
@@ -196,7 +199,8 @@ def main() -> None:
     if args.model:
         args.name = args.model
     serve_args = [*source, *args.serve_args.split()]
-    servers = [Server(v, serve_args, args.out / f"server-{v}.log", args.baseline_src) for v in args.variants.split(",")]
+    servers = [Server(v, serve_args, args.out / f"server-{v}.log", args.baseline_src)
+               for v in args.variants.split(",")]
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
     rows = []
