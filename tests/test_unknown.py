@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.calibration_run import calibration_run
+from test_serve_browser import browser  # noqa: F401  (the fixture: a headless chromium per test)
 
 from inceptionlab.infer.calibrate import fit_temperature, nll
 from inceptionlab.models.spec import ModelSpec
@@ -257,12 +258,8 @@ def test_bench_times_tta_as_serve_runs_it(run, cli, monkeypatch):
     assert set(rows) == {"none", "flip-crops"} and rows["none"]["speedup"] == 1.0
 
 
-def test_the_page_shows_unknown_with_the_score_and_threshold(served, tmp_path):
+def test_the_page_shows_unknown_with_the_score_and_threshold(served, browser, tmp_path):  # noqa: F811
     """The server's page in headless chromium: an image of no class is shown as unknown, with its score."""
-    from test_serve_browser import CHROME_FLAGS, chromium_paths
-
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra)")
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ready
     from selenium.webdriver.support.ui import WebDriverWait
@@ -271,23 +268,14 @@ def test_the_page_shows_unknown_with_the_score_and_threshold(served, tmp_path):
     from inceptionlab.serve.app import create_app
 
     run, model = served
-    binary, driver = chromium_paths()
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in (*CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(driver), options=options)
-    try:
-        with uvicorn_thread(create_app([model])) as base:
-            browser.get(base + "/")
-            wait = WebDriverWait(browser, 30)
-            wait.until(ready.text_to_be_present_in_element((By.ID, "info"), "unknown"))
-            assert "calibrated (T = " in browser.find_element(By.ID, "info").text
-            browser.find_element(By.ID, "files").send_keys(str(run.outside / "noise_0.png"))
-            wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "#results .unknown")))
-            text = browser.find_element(By.CSS_SELECTOR, "#results .unknown").text
-            threshold = f"{spec_of(run).reject_threshold * 100:.1f}%"
-            assert text.startswith("unknown: the model's best guess scores") and threshold in text
-            browser.save_screenshot(str(tmp_path / "unknown.png"))
-    finally:
-        browser.quit()
+    with uvicorn_thread(create_app([model])) as base:
+        browser.get(base + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(ready.text_to_be_present_in_element((By.ID, "info"), "unknown"))
+        assert "calibrated (T = " in browser.find_element(By.ID, "info").text
+        browser.find_element(By.ID, "files").send_keys(str(run.outside / "noise_0.png"))
+        wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "#results .unknown")))
+        text = browser.find_element(By.CSS_SELECTOR, "#results .unknown").text
+        threshold = f"{spec_of(run).reject_threshold * 100:.1f}%"
+        assert text.startswith("unknown: the model's best guess scores") and threshold in text
+        browser.save_screenshot(str(tmp_path / "unknown.png"))
