@@ -60,6 +60,14 @@ def serve_model(run_dir: Path, backend: str = "eager", max_batch: int = 8):
     return load_served_model(settings, run_dir=run_dir, name="tiny")
 
 
+def quiet_uvicorn_config(app, **settings) -> uvicorn.Config:
+    """uvicorn's settings for a server inside the pytest process: `log_config=None` keeps uvicorn from
+    running `logging.config.dictConfig`, which closes every logging handler of the process; absl's (from
+    tensorboard, OpenVINO's tools) then closes pytest's capture file whenever `capsys` has swapped
+    `sys.stderr`, failing every later test of that worker (tests/test_in_process_servers.py)."""
+    return uvicorn.Config(app, log_config=None, **settings)
+
+
 class _SignallingServer(uvicorn.Server):
     """uvicorn that says when its lifespan has started and it serves (an event, not a polled flag), and
     in which event loop it runs."""
@@ -85,7 +93,7 @@ def uvicorn_thread(app) -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    server = _SignallingServer(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = _SignallingServer(quiet_uvicorn_config(app, log_level="warning", lifespan="on"))
     server.install_signal_handlers = lambda: None  # older uvicorn; newer ones skip non-main threads
     stopped = threading.Event()
 

@@ -38,6 +38,7 @@ from inceptionlab.serve.protocol import HEADER_LENGTH, encode_bytes_elements, pa
 fastapi = pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 from fastapi import FastAPI, Request, Response  # noqa: E402 (module level: FastAPI resolves the annotations)
+from serve_helpers import quiet_uvicorn_config  # noqa: E402 (after the importorskip above)
 
 
 # --------------------------------------------------------------------------------------- stub server
@@ -132,7 +133,7 @@ def stub():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    config = uvicorn.Config(stub_app(behaviour), log_level="error", lifespan="off", timeout_keep_alive=30)
+    config = quiet_uvicorn_config(stub_app(behaviour), log_level="error", lifespan="off", timeout_keep_alive=30)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -664,7 +665,7 @@ def real_servers():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+    server = uvicorn.Server(quiet_uvicorn_config(app, log_level="error", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

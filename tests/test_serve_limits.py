@@ -206,8 +206,13 @@ def test_the_preprocessing_queue_is_bounded_and_checked_before_parsing(tiny):
     assert "preprocessing" in str(full) and "--max-queue 2" in str(full)
 
 
-def test_uvicorn_is_started_with_a_connection_bound():
+def test_uvicorn_is_started_with_a_connection_bound(monkeypatch):
+    import uvicorn
+
     from inceptionlab.serve.server import uvicorn_config
+
+    # Not the process's logging: see serve_helpers.quiet_uvicorn_config.
+    monkeypatch.setattr(uvicorn.Config, "configure_logging", lambda self: None)
 
     app = create_app([], RequestSettings(max_concurrency=64))
     config = uvicorn_config(app, "127.0.0.1", 0, drain_s=5)
