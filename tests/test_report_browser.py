@@ -28,9 +28,9 @@ def report_page(tmp_path_factory):
     return run, run.run_dir / "eval" / "report.html"
 
 
-def _cards(browser, gallery: str) -> list[dict]:
+def _cards(page, gallery: str) -> list[dict]:
     """Each card of a gallery as the page shows it: its file name, classes, and whether its pictures loaded."""
-    return browser.execute_script(
+    return page.execute_script(
         "return [...document.querySelectorAll(arguments[0] + ' .card')].map((c) => ({"
         "  name: c.querySelector('.file').textContent, truth: c.querySelector('.truth').textContent,"
         "  pred: c.querySelector('.pred').textContent, row: +c.dataset.row,"
@@ -38,7 +38,7 @@ def _cards(browser, gallery: str) -> list[dict]:
         "  note: (c.querySelector('.issue') || {}).textContent || null }));", gallery)
 
 
-def test_the_report_shows_the_errors_and_a_clicked_cell_shows_its_images(report_page, browser, tmp_path):
+def test_the_report_shows_the_errors_and_a_clicked_cell_shows_its_images(report_page, browser, tmp_path):  # noqa: F811
     from selenium.webdriver.common.by import By
 
     run, page = report_page

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import functools
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
@@ -195,7 +196,7 @@ def compute_features(s: TrainingSession, head_name: str) -> feature_cache.Featur
         if not s.dist.is_main:
             barrier(s.dist)  # rank 0 writes the cache first
         (split, was_cached, count), took = feature_cache.timed(
-            lambda: feature_cache.load_or_extract(key, folder, compute, list(s.spec.class_names)))
+            functools.partial(feature_cache.load_or_extract, key, folder, compute, list(s.spec.class_names)))
         if s.dist.is_main:
             barrier(s.dist)
         splits[name] = split
