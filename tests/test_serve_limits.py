@@ -14,8 +14,10 @@ import io
 import json
 import socket
 import struct
+import sys
 import threading
 import zlib
+from pathlib import Path
 
 import grpc
 import httpx
@@ -349,3 +351,29 @@ def test_one_image_over_the_pixel_limit_is_refused_from_its_header(tiny):
     assert "7000 x 7000 pixels is above the 40,000,000-pixel limit; downscale it first" in refused.json()["error"]
     [good, bad] = both.json()["results"]  # one bad file of two: answered per file
     assert both.status_code == 200 and len(good["topk"]) == 3 and "40,000,000-pixel limit" in bad["error"]
+
+
+# --------------------------------------------------------------------------------------- threads
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names are read from Linux's /proc")
+def test_the_servers_threads_carry_their_names_to_the_os(tiny):
+    """`top -H`, py-spy and benchmarks/serve_cpu.py's CPU by thread tell the pools apart by these names."""
+    from fastapi.testclient import TestClient
+
+    def os_names() -> set[str]:
+        return {(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()}
+
+    with TestClient(create_app([tiny[2]], RequestSettings())) as client:
+        answer = client.post("/v1/classify", files={"file": ("a.png", a_png(tiny), "image/png")})
+        assert answer.status_code == 200
+        names = os_names()
+    assert "preprocess_0" in names and "infer-tiny_0" in names
+
+
+def test_a_long_thread_name_keeps_its_pool_index_within_the_kernels_15_bytes():
+    from inceptionlab.host import os_thread_name
+
+    assert os_thread_name("preprocess_3") == b"preprocess_3"
+    assert os_thread_name("infer-inception_v3_12") == b"infer-incept_12"
+    assert os_thread_name("a-very-long-name-without-index") == b"a-very-long-nam"

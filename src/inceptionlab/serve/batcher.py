@@ -26,6 +26,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from inceptionlab.host import name_os_thread
+
 log = logging.getLogger(__name__)
 
 
@@ -72,7 +74,8 @@ class DynamicBatcher:
         self._arrival = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"infer-{name}")
+        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"infer-{name}",
+                                            initializer=name_os_thread)
         self._workers: list[asyncio.Task] = []
 
     @property

@@ -29,6 +29,7 @@ import numpy as np
 
 from inceptionlab import __version__
 from inceptionlab.errors import UserError, summary_of
+from inceptionlab.host import name_os_thread
 from inceptionlab.infer.calibrate import rule_parameters
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
@@ -138,7 +139,8 @@ class ServeState:
         self.on_drain: list[Callable[[], Awaitable[None]]] = []  # e.g. the gRPC health service
         self.grpc_port: int | None = None  # where the gRPC front end listens, when it runs
         self.unloaded: set[str] = set()  # models taken out of service by the repository's unload
-        self.preprocess = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess")
+        self.preprocess = ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="preprocess",
+                                             initializer=name_os_thread)
         self.preprocessing = 0  # jobs handed to the pool and not finished (running or queued)
 
     @property
