@@ -13,6 +13,11 @@ program used the machine meets its twin in the next round. Per measurement: the 
 time (user + system, every thread, from /proc) over the requests it answered, in ms per request, and
 the client's latency percentiles. CPU time per request moves much less than latency when the machine
 is shared, but neither is a result unless the machine was quiet (the load average is in every row).
+Each row also splits that CPU time by thread (`threads_ms_per_request`, from /proc/PID/task): the
+server names its pools' threads (`preprocess`: parsing, decoding, preprocessing; `infer-NAME`: each
+instance's batches, with the runtime's work on that thread), the main thread runs the event loop, and a
+runtime's own worker threads carry the name of the thread that made them (OpenVINO's: `python`, made
+while the model loaded). Unlike sampling, it counts every CPU tick.
 
 Variants (the event loop and HTTP parser uvicorn runs on, and the collector policy):
   standard  uvloop + httptools (uvicorn's `auto` when `uvicorn[standard]` is installed), what serve runs on
@@ -132,6 +137,9 @@ class Server:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime of every thread
 
+    def thread_cpu_seconds(self) -> dict[int, tuple[str, float]]:
+        return thread_cpu_seconds(self.pid)
+
     def stop(self) -> None:
         stop_gracefully(self.process, timeout_s=120)
         self.log.close()
@@ -143,16 +151,42 @@ def measure(server: Server, args: argparse.Namespace, rate: float, seed: int,
                             payload=args.payload, body=args.body, protocol=args.protocol, warmup=0, seed=seed,
                             slo_ms=1e9)
     spy = server.profiler(profile, args.duration, args.profile_rate) if profile is not None else None
-    before = server.cpu_seconds()
+    before, threads_before = server.cpu_seconds(), server.thread_cpu_seconds()
     row = run_load(settings)
-    spent = server.cpu_seconds() - before
+    spent, threads_after = server.cpu_seconds() - before, server.thread_cpu_seconds()
     if spy is not None:
         spy.wait(timeout=120)
     return {"variant": server.variant, "rate": rate, "ok": row["ok"],
             "errors": row["error"] + row["rejected"] + row["timeout"],
             "server_cpu_ms_per_request": round(1e3 * spent / max(1, row["ok"]), 3),
             "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "client_cpu": row["client_cpu"],
-            "loadavg_1min": row["loadavg_1min"]}
+            "loadavg_1min": row["loadavg_1min"],
+            "threads_ms_per_request": thread_groups(server.pid, threads_before, threads_after, row["ok"])}
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live thread of process `pid`: (OS name, CPU seconds). The server names its pools' threads
+    (host.name_os_thread); a runtime's own threads keep the name of the thread that made them."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name, stat = (task / "comm").read_text().strip(), (task / "stat").read_text()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        threads[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / TICKS)  # utime + stime
+    return threads
+
+
+def thread_groups(pid: int | None, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                  requests: int) -> dict[str, float]:
+    """CPU ms per request by thread, a pool's threads together (`preprocess_0`, `preprocess_1` ->
+    `preprocess`); the main thread runs the event loop. Threads that ended in the window are left out."""
+    groups: collections.Counter[str] = collections.Counter()
+    for tid, (name, seconds) in after.items():
+        group = "main (event loop)" if tid == pid else re.sub(r"_\d+$", "", name)
+        groups[group] += seconds - before.get(tid, (name, 0.0))[1]
+    return {group: round(1e3 * seconds / max(1, requests), 2) for group, seconds in groups.most_common() if seconds > 0}
 
 
 def profile_parts(path: Path) -> dict[str, float]:
@@ -225,6 +259,9 @@ def main() -> None:
                               f"{args.payload} payload, Poisson {args.rate}/s, {args.rounds} rounds A/B",
                         details={"profiles": profiles})
     print(render_file(path))
+    for row in rows:
+        print(f"{row['variant']} at {row['rate']:g}/s, round {row['round']}, CPU ms per request by thread: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in row["threads_ms_per_request"].items()))
     for variant, parts in profiles.items():
         print(f"{variant}, where the server's CPU went: " + ", ".join(f"{k} {v:.0%}" for k, v in parts.items()))
 
