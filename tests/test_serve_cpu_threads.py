@@ -37,8 +37,8 @@ def test_a_named_threads_cpu_is_read_from_proc_under_its_name(serve_cpu):
 
     def burn() -> None:
         name_os_thread()
-        end = time.process_time() + 0.3  # this process's CPU clock: 0.3 s of work, however loaded the machine
-        while time.process_time() < end:
+        end = time.thread_time() + 0.3  # this thread's own CPU clock: 0.3 s of work, however loaded the machine
+        while time.thread_time() < end:
             sum(range(1000))
         done.set()
         release.wait(timeout=60)  # alive until read: /proc forgets a thread once it ends
@@ -51,4 +51,4 @@ def test_a_named_threads_cpu_is_read_from_proc_under_its_name(serve_cpu):
     release.set()
     worker.join(timeout=60)
     groups = serve_cpu.thread_groups(os.getpid(), before, after, requests=1)
-    assert groups["burner"] >= 100  # ms of the ~300 its loop spent (others share the process clock)
+    assert groups["burner"] >= 250  # ms: the 300 its loop spent, read in the kernel's 10 ms ticks
