@@ -23,8 +23,8 @@ gradient, so the optimizer leaves it, its weight decay and its state untouched u
 from __future__ import annotations
 
 import copy
-import gc
 import functools
+import gc
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
