@@ -16,8 +16,8 @@ is shared, but neither is a result unless the machine was quiet (the load averag
 Each row also splits that CPU time by thread (`threads_ms_per_request`, from /proc/PID/task): the
 server names its pools' threads (`preprocess`: parsing, decoding, preprocessing; `infer-NAME`: each
 instance's batches, with the runtime's work on that thread), the main thread runs the event loop, and a
-runtime's own worker threads carry the name of the thread that made them (OpenVINO's: `python`, made
-while the model loaded). Unlike sampling, it counts every CPU tick.
+runtime's own worker threads carry the name of the thread that made them (OpenVINO's: `openvino`, the
+thread that compiled the model). Unlike sampling, it counts every CPU tick.
 
 Variants (the event loop and HTTP parser uvicorn runs on, and the collector policy):
   standard  uvloop + httptools (uvicorn's `auto` when `uvicorn[standard]` is installed), what serve runs on

@@ -8,6 +8,7 @@ import gc
 import os
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -347,6 +348,19 @@ def test_openvino_models_freed_out_of_order_leave_this_threads_signal_stack_alon
     del second
     gc.collect()
     assert signal_stack() == before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OS thread names are read from Linux's /proc")
+def test_openvinos_worker_threads_are_named_after_the_thread_that_compiled_them(tiny):
+    """`top -H` and benchmarks/serve_cpu.py tell OpenVINO's workers from the server's threads by this name."""
+    if not installed("openvino"):
+        pytest.skip("openvino not installed")
+    session = RUNTIMES["openvino"].open(tiny, "fp32", "native", Target("cpu"), batch=1)
+    session.run(session.place(np.zeros((1, 3, 32, 32), np.float32)))
+    # The compiling thread has ended: a live thread of that name is one the CPU plugin started.
+    names = [(task / "comm").read_text().strip() for task in Path("/proc/self/task").iterdir()]
+    assert "openvino_0" in names
+    del session
 
 
 def test_describe_runtimes_lists_every_backend_and_the_cpu_provider():

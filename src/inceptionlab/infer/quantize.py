@@ -34,7 +34,7 @@ import numpy as np
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_bytes, sha256_file
-from inceptionlab.host import package_versions
+from inceptionlab.host import name_os_thread, package_versions
 from inceptionlab.infer.inputs import load_images, normalize, shuffled
 from inceptionlab.infer.onnx_graph import INPUT_NAME
 from inceptionlab.models.spec import ModelSpec
@@ -244,8 +244,11 @@ def openvino_in_own_thread(fn: Callable[..., T], *args: Any) -> T:
     them with SA_ONSTACK: Ctrl-C, the SIGCHLD handler of a DataLoader with workers) kills the process
     with SIGSEGV. docs/testing.md has the 30-line reproducer. Compiled in a thread that ends at once,
     no thread that lives on is ever left on such a stack.
+
+    The CPU plugin starts its worker threads here, and they keep this thread's OS name (`openvino_0`):
+    how `top -H` and benchmarks/serve_cpu.py tell OpenVINO's work from the server's own threads.
     """
-    with ThreadPoolExecutor(1, thread_name_prefix="openvino-compile") as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="openvino", initializer=name_os_thread) as pool:
         return pool.submit(fn, *args).result()
 
 
