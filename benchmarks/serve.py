@@ -28,9 +28,9 @@ same client sends both the same requests (encoded images in the protocol's plain
 read) at the same Poisson rates: low load, then the SLO sweep, `--repeat` times, alternating servers, so
 each repetition of one meets the same machine as its twin.
 
-Targets: `auto` holds at least the rate of the best fixed plan (or serves that plan); gRPC's saturation throughput is at least
-HTTP's; on the demo model, `auto`'s SLO rate is at least 2x the peer's in every repetition. The summary
-under the table says whether each held in this run.
+Targets: `auto` holds at least the rate of the best fixed plan (or serves that plan); gRPC's saturation
+throughput is at least HTTP's; on the demo model, `auto`'s SLO rate is at least 2x the peer's in every
+repetition. The summary under the table says whether each held in this run.
 
     python benchmarks/serve.py                                   # both models, the peer: ~40 minutes on 2 cores
     python benchmarks/serve.py --models demo --configs auto --protocols http --repeat 3

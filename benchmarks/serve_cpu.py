@@ -134,11 +134,7 @@ class Server:
                                 stderr=subprocess.DEVNULL)
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime of every thread
-
-    def thread_cpu_seconds(self) -> dict[int, tuple[str, float]]:
-        return thread_cpu_seconds(self.pid)
+        return stat_cpu_seconds(Path(f"/proc/{self.pid}/stat").read_text())  # every thread's, ended ones too
 
     def stop(self) -> None:
         stop_gracefully(self.process, timeout_s=120)
@@ -151,9 +147,9 @@ def measure(server: Server, args: argparse.Namespace, rate: float, seed: int,
                             payload=args.payload, body=args.body, protocol=args.protocol, warmup=0, seed=seed,
                             slo_ms=1e9)
     spy = server.profiler(profile, args.duration, args.profile_rate) if profile is not None else None
-    before, threads_before = server.cpu_seconds(), server.thread_cpu_seconds()
+    before, threads_before = server.cpu_seconds(), thread_cpu_seconds(server.pid)
     row = run_load(settings)
-    spent, threads_after = server.cpu_seconds() - before, server.thread_cpu_seconds()
+    spent, threads_after = server.cpu_seconds() - before, thread_cpu_seconds(server.pid)
     if spy is not None:
         spy.wait(timeout=120)
     return {"variant": server.variant, "rate": rate, "ok": row["ok"],
@@ -173,9 +169,14 @@ def thread_cpu_seconds(pid: int) -> dict[int, tuple[str, float]]:
             name, stat = (task / "comm").read_text().strip(), (task / "stat").read_text()
         except OSError:  # a thread that ended meanwhile
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        threads[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / TICKS)  # utime + stime
+        threads[int(task.name)] = (name, stat_cpu_seconds(stat))
     return threads
+
+
+def stat_cpu_seconds(stat: str) -> float:
+    """utime + stime of a /proc/.../stat line, in seconds (the fields after the command's closing paren)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def thread_groups(pid: int | None, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],

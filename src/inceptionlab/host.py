@@ -109,6 +109,7 @@ HEAP_KEEP_BYTES = 1 << 30
 USER_HEAP_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _heap: str | None = None
+_libc: Any = None
 
 
 def keep_freed_memory(env: Mapping[str, str] | None = None, libc: Any = None) -> str:
@@ -132,9 +133,17 @@ def keep_freed_memory(env: Mapping[str, str] | None = None, libc: Any = None) ->
     return _heap
 
 
+def c_library() -> Any:
+    """The C library this process already runs on (loaded once)."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
 def _set_glibc_thresholds(libc: Any) -> str:
     if libc is None:
-        libc = ctypes.CDLL(None)  # the C library this process already runs on
+        libc = c_library()
     if libc.mallopt(M_MMAP_THRESHOLD, HEAP_KEEP_BYTES) and libc.mallopt(M_TRIM_THRESHOLD, HEAP_KEEP_BYTES):
         return f"glibc malloc keeps freed blocks up to {HEAP_KEEP_BYTES >> 20} MiB"
     log.warning("glibc refused the malloc thresholds; large tensors are unmapped when freed (slower)")
@@ -161,7 +170,6 @@ def shared_memory_space(path: str = SHARED_MEMORY) -> tuple[int, int] | None:
 
 PR_SET_NAME = 15  # linux/prctl.h
 OS_THREAD_NAME_BYTES = 15  # the kernel keeps 16 bytes, the last one the NUL
-_libc: Any = None
 
 
 def os_thread_name(name: str) -> bytes:
@@ -180,12 +188,9 @@ def name_os_thread() -> None:
     """Give the calling thread's Python name to its OS thread (Linux; elsewhere nothing), so `top -H`,
     py-spy and /proc/PID/task/*/comm tell a server's threads apart: Python before 3.14 leaves every
     thread named after the process. A thread pool's `initializer`."""
-    global _libc
     if not sys.platform.startswith("linux"):
         return
     try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.prctl(PR_SET_NAME, ctypes.c_char_p(os_thread_name(threading.current_thread().name)), 0, 0, 0)
+        c_library().prctl(PR_SET_NAME, ctypes.c_char_p(os_thread_name(threading.current_thread().name)), 0, 0, 0)
     except (OSError, AttributeError):  # a C library without prctl: names are a convenience
         log.debug("could not name the OS thread", exc_info=True)
