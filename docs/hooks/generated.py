@@ -91,15 +91,14 @@ CLI_PAGE = REPO / "docs" / "cli.md"
 
 
 def command_table(app: Any) -> str:
-    """One row per command: its name and the first sentence of its help, in the order `--help` lists them."""
+    """One row per command: its name and its row in `--help` (its first sentence), in the order `--help` lists them."""
     import typer.main
 
     rows = ["| command | what it does |", "|---|---|"]
     for path, command, _ in walk(typer.main.get_command(app), [PROGRAM]):
         if len(path) < 2 or hasattr(command, "list_commands"):
             continue  # the program itself and command groups
-        paragraph = " ".join((command.help or "").split("\n\n")[0].split())
-        summary = re.split(r"(?<=[.!?])\s+(?=[A-Z])", paragraph)[0]  # its first sentence
+        summary = command.get_short_help_str(limit=1000)  # the CLI lists each command by its first sentence
         summary = summary.replace("|", "/").replace("<", "&lt;").replace(">", "&gt;")
         rows.append(f"| `{' '.join(path)}` | {summary} |")
     return "\n".join(rows)

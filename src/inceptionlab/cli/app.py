@@ -14,8 +14,10 @@ INCEPTIONLAB_DEBUG=1 re-raise it instead, with the full traceback.
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -129,10 +131,30 @@ def _report_program_failure(exc: Exception) -> None:
           file=sys.stderr)
 
 
+# `inceptionlab --help` lists a command by its docstring's first paragraph with the source file's line
+# breaks kept (Typer's rich markup mode): lr-find's row stopped at "... one value per training step,
+# from". Each command is listed by its first sentence, on one line, instead: the row docs/cli.md shows too.
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def command_summary(help_text: str | None) -> str:
+    """The first sentence of a command's help, on one line."""
+    paragraph = " ".join(inspect.cleandoc(help_text or "").split("\n\n")[0].split())
+    return SENTENCE_END.split(paragraph)[0]
+
+
+def _list_by_summary(group: typer.Typer) -> None:
+    for info in group.registered_commands:
+        if info.short_help is None:
+            info.short_help = command_summary(info.help or inspect.getdoc(info.callback))
+
+
 def _register() -> None:
     for module in (doctor, train, lr_find, evaluate, report, predict, export, bench, plot, demo, serve, loadtest):
         module.register(app)
     app.add_typer(data.app, name="data")
+    for group in (app, data.app):
+        _list_by_summary(group)
 
 
 _register()

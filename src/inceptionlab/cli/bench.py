@@ -58,7 +58,8 @@ def bench(
     list_runtimes: bool = typer.Option(False, "--list", help="List runtimes, precisions and providers here; no timing."),
     as_json: bool = options.json_option("one object per configuration and batch size"),
 ) -> None:
-    """Time inference: first call apart, warm-up, synchronised calls; mean/p50/p90/p99 latency, images/s,
+    """Time inference over backends, precisions and batch sizes, and judge reduced precisions.
+    First call apart, warm-up, synchronised calls; mean/p50/p90/p99 latency, images/s,
     GFLOP/s; for bf16/fp16/int8 the top-1 agreement with fp32 on held-out real images and whether that
     makes the model usable (>= 99% on >= 200 images). Several configurations print one table with the
     speed-up against eager fp32 NCHW; they take turns in --rounds rounds, and each row records other

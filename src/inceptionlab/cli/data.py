@@ -32,9 +32,9 @@ def check(
                                           "(default: this machine's usable CPUs; 0: in this process)."),
     as_json: bool = options.json_option("the splits, counts and every finding with all its files"),
 ) -> None:
-    """Check a data set before training on it: files that do not decode, identical and near-identical
-    images (resized or re-encoded copies), the same image in train and val (or test), an image under two
-    classes, class counts and imbalance (with class weights to use), odd sizes, modes and aspect ratios.
+    """Check a data set before training on it: unreadable files, duplicates, leaks, imbalance, odd images.
+    It finds files that do not decode, identical and near-identical images (resized or re-encoded
+    copies), the same image in train and val (or test), an image under two classes, class counts and imbalance (with class weights to use), odd sizes, modes and aspect ratios.
     Each finding names its files and what to do. Exits 1 when it finds errors.
 
     Examples:

@@ -40,10 +40,10 @@ def export(
     storage_uri: Optional[str] = typer.Option(None, "--storage-uri", help="triton: where the repository will "
                                                                           "live, for the KServe manifest."),
 ) -> None:
-    """Export to ONNX (eval mode, no aux head, input `images`, output `logits`) with a sidecar
-    model.onnx.json (classes, preprocessing, opset, weights checksum), after checking ONNX Runtime
-    against PyTorch on real images. Fails, writing nothing, if they disagree (rel. error > 1e-3 or a
-    top-1 flip that rounding cannot explain).
+    """Export to ONNX, checked against PyTorch on real images.
+    The model is exported in eval mode without its aux head (input `images`, output `logits`), beside a
+    sidecar model.onnx.json (classes, preprocessing, opset, weights checksum). Fails, writing nothing,
+    if ONNX Runtime and PyTorch disagree (rel. error > 1e-3 or a top-1 flip that rounding cannot explain).
 
     Examples:
 

@@ -24,9 +24,9 @@ def lr_find(
     progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a terminal)."),
     as_json: bool = typer.Option(False, "--json", help="Print the suggestions and both curves as one JSON object."),
 ) -> None:
-    """Smith's learning-rate range test: the rate rises exponentially, one value per training step, from
-    the recipe's starting weights, first for the head alone (the body frozen as in head-only epochs),
-    then for the whole model. Suggests optim.lr (the head's steepest descent of the smoothed loss) and
+    """Find the learning rates to fine-tune with: Smith's range test, for the head, then the whole model.
+    The rate rises exponentially, one value per training step, from the recipe's starting weights,
+    first for the head alone (the body frozen as in head-only epochs), then for the whole model. Suggests optim.lr (the head's steepest descent of the smoothed loss) and
     finetune.body_lr_mult (the whole model's over the head's); draws the curves. The weights are not
     changed: nothing is saved but the plot and the numbers.
 

@@ -27,9 +27,10 @@ def report(
     as_json: bool = options.json_option("samples, misclassified, top1, loss, per_class (precision, recall, f1), "
                                         "most_confused, top_losses, label_issues, notes, report (the file)"),
 ) -> None:
-    """Browse what the model got wrong: top losses, most-confused pairs, per-class precision and recall, a
-    confusion matrix whose cells show their images, the misclassified images (with Grad-CAM), and likely
-    label errors. Reads the per-image results `inceptionlab evaluate` wrote; opens in any browser, offline.
+    """Browse what the model got wrong, in a page that opens in any browser, offline.
+    It shows the top losses, the most-confused pairs, per-class precision and recall, a confusion matrix
+    whose cells show their images, the misclassified images (with Grad-CAM), and likely label errors,
+    from the per-image results `inceptionlab evaluate` wrote.
 
     Examples:
 

@@ -71,8 +71,9 @@ def serve(
                                               '{"host", "http", "grpc"} here (JSON, atomically): the ports a '
                                               "script needs after --port 0 / --grpc-port 0."),
 ) -> None:
-    """Serve models over HTTP and gRPC: KServe v2 /v2/models/NAME/infer (and gRPC ModelInfer on
-    --grpc-port), POST /v1/classify, /metrics, a page at /.
+    """Serve models over HTTP and gRPC, batching requests on the fly.
+    KServe v2 /v2/models/NAME/infer (and gRPC ModelInfer on --grpc-port), POST /v1/classify, /metrics,
+    a page at /.
 
     Examples:
 
