@@ -23,10 +23,10 @@ max batch (no server running): server/bench = saturation with tensors / bench im
 size, what HTTP or gRPC, parsing, batching and the event loop cost.
 
 The peer (`--peer litserve`): LitServe + ONNX Runtime on the model's own ONNX export
-(benchmarks/litserve_peer.py), the server a user would assemble. It and `auto` run side by side, and the
-same client sends both the same requests (encoded images in the protocol's plain JSON form, the one both
-read) at the same Poisson rates: low load, then the SLO sweep, `--repeat` times, alternating servers, so
-each repetition of one meets the same machine as its twin.
+(benchmarks/litserve_peer.py), the server a user would assemble. It and `auto` (and the fixed plans
+`--peer-configs` adds) run side by side, and the same client sends each the same requests (encoded images
+in the protocol's plain JSON form, the one both read) at the same Poisson rates: low load, then the SLO
+sweep, `--repeat` times, alternating servers, so each repetition of one meets the same machine as its twins.
 
 Targets: `auto` holds at least the rate of the best fixed plan (or serves that plan); gRPC's saturation
 throughput is at least HTTP's; on the demo model, `auto`'s SLO rate is at least 2x the peer's in every
@@ -35,6 +35,7 @@ repetition. The summary under the table says whether each held in this run.
     python benchmarks/serve.py                                   # both models, the peer: ~40 minutes on 2 cores
     python benchmarks/serve.py --models demo --configs auto --protocols http --repeat 3
     python benchmarks/serve.py --models inception_v3 --duration 10 --configs 1x1,auto --protocols grpc --peer none
+    python benchmarks/serve.py --models demo --configs auto --peer-configs auto,1x32,2x32 --repeat 2   # plans vs peer
 
 The load generator shares the cores with the server; its own CPU use is in each row of the result file,
 and the load average before and after each configuration is in the table (other processes distort every
@@ -44,6 +45,7 @@ figure).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -292,18 +294,26 @@ def measure_config(target: Target, name: str, args: argparse.Namespace, plan: Pl
     return result
 
 
+def ours_name(config: str) -> str:
+    """Our server's name in the side-by-side run: `inceptionlab` as `serve` plans it, else with its fixed plan."""
+    return "inceptionlab" if config == "auto" else f"inceptionlab {config}"
+
+
 def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
-    """`auto` and the peer side by side, the same JSON requests at the same rates: a low-load run, then the
-    SLO sweep, `--repeat` times, alternating servers."""
+    """`auto` (and --peer-configs' fixed plans) and the peer side by side, the same JSON requests at the
+    same rates: a low-load run, then the SLO sweep, `--repeat` times, alternating servers."""
     onnx = export_onnx(target, out)
-    options = config_options("auto", args, plan)
-    result: dict[str, Any] = {"model": target.name, "onnx": str(onnx), "serve_options": options,
+    options = {config: config_options(config, args, plan) for config in args.peer_configs}
+    result: dict[str, Any] = {"model": target.name, "onnx": str(onnx), "peer": args.peer,
+                              "serve_options": {ours_name(c): o for c, o in options.items()},
                               "loadavg_before": load_average(), "servers": {}}
-    with Server(target, args.backend, args.precision, options, out / f"server-{target.name}-vs-peer.log",
-                checkout_env(args.server_src)) as ours, \
-            Peer(target, onnx, args.peer_max_batch, args.peer_batch_timeout_ms / 1e3,
-                 out / f"peer-{target.name}.log") as peer:
-        servers = {"inceptionlab": ours, args.peer: peer}
+    with contextlib.ExitStack() as running:
+        servers: dict[str, Server] = {
+            ours_name(config): running.enter_context(Server(
+                target, args.backend, args.precision, extra, out / f"server-{target.name}-{config}-vs-peer.log",
+                checkout_env(args.server_src))) for config, extra in options.items()}
+        servers[args.peer] = running.enter_context(Peer(target, onnx, args.peer_max_batch,
+                                                        args.peer_batch_timeout_ms / 1e3, out / f"peer-{target.name}.log"))
         result["servers"] = {who: {"served_as": server.served_as(target.name), "start_s": round(server.start_s, 1),
                                    "low_load": None, "sweeps": []} for who, server in servers.items()}
         for repetition in range(args.repeat):
@@ -413,19 +423,19 @@ def targets(rows: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -> li
                 http, grpc = by["http"]["sat_tensor_per_s"], by["grpc"]["sat_tensor_per_s"]
                 checks.append({"target": f"{model} {config}: gRPC saturation >= HTTP's",
                                "measured": f"gRPC {grpc:.1f}/s, HTTP {http:.1f}/s", "held": grpc >= http})
-    for c in comparisons:
-        ours, *peers = c["servers"].values()
-        ours_rates = [s["best_rate"] or 0.0 for s in ours["sweeps"]]
-        for peer_name, peer in list(c["servers"].items())[1:]:
-            theirs = [s["best_rate"] or 0.0 for s in peer["sweeps"]]
-            ratios = [a / b if b else math.inf for a, b in zip(ours_rates, theirs)]
-            checks.append({"target": f"{c['model']}: inceptionlab's SLO rate >= {PEER_TARGET:g}x {peer_name}'s, "
-                                     "every repetition",
-                           "measured": ", ".join(f"{a:.1f}/s vs {b:.1f}/s ({r:.2f}x)"
-                                                 for a, b, r in zip(ours_rates, theirs, ratios)),
-                           "held": bool(ratios) and min(ratios) >= PEER_TARGET,
-                           "applies": c["model"] == "demo"})
-    return checks
+    return checks + [peer_target(c) for c in comparisons if ours_name("auto") in c["servers"]]
+
+
+def peer_target(comparison: dict[str, Any]) -> dict[str, Any]:
+    """`serve` as it plans itself (auto) against the peer, every repetition; fixed plans are rows only."""
+    peer_name = comparison["peer"]
+    ours, theirs = ([s["best_rate"] or 0.0 for s in comparison["servers"][name]["sweeps"]]
+                    for name in (ours_name("auto"), peer_name))
+    ratios = [a / b if b else math.inf for a, b in zip(ours, theirs)]
+    return {"target": f"{comparison['model']}: inceptionlab's SLO rate >= {PEER_TARGET:g}x {peer_name}'s, "
+                      "every repetition",
+            "measured": ", ".join(f"{a:.1f}/s vs {b:.1f}/s ({r:.2f}x)" for a, b, r in zip(ours, theirs, ratios)),
+            "held": bool(ratios) and min(ratios) >= PEER_TARGET, "applies": comparison["model"] == "demo"}
 
 
 COLUMNS = [("model", "model"), ("config", "config"), ("protocol", "protocol"), ("plan", "instances x max batch, delay"),
@@ -455,6 +465,8 @@ def parse_args(cpus: int) -> argparse.Namespace:
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma list of http, grpc")
     parser.add_argument("--peer", default="litserve", choices=PEERS, help="the peer server run beside auto on "
                                                                           "the same export (none: skip)")
+    parser.add_argument("--peer-configs", default="auto", help="comma list of our configurations run beside "
+                                                               "the peer (auto: the target's; fixed plans: rows)")
     parser.add_argument("--peer-max-batch", type=int, default=1, help="LitServe's max_batch_size (its default: 1)")
     parser.add_argument("--peer-batch-timeout-ms", type=float, default=0.0, help="LitServe's batch_timeout")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of the side-by-side sweeps")
@@ -481,9 +493,12 @@ def parse_args(cpus: int) -> argparse.Namespace:
     args.models = [n.strip() for n in args.models.split(",") if n.strip()]
     args.names = [n.strip() for n in args.configs.split(",") if n.strip()]
     args.protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
-    unknown = [n for n in args.names if n not in configs] + [p for p in args.protocols if p not in PROTOCOLS]
+    args.peer_configs = [n.strip() for n in args.peer_configs.split(",") if n.strip()]
+    unknown = [n for n in args.names + args.peer_configs if n not in configs] + \
+        [p for p in args.protocols if p not in PROTOCOLS]
     if unknown:
-        parser.error(f"{','.join(unknown)}: --configs takes {', '.join(configs)}; --protocols http, grpc")
+        parser.error(f"{','.join(unknown)}: --configs and --peer-configs take {', '.join(configs)}; "
+                     "--protocols http, grpc")
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: give at least 1")
     args.config_options = configs
