@@ -312,8 +312,8 @@ def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, o
             ours_name(config): running.enter_context(Server(
                 target, args.backend, args.precision, extra, out / f"server-{target.name}-{config}-vs-peer.log",
                 checkout_env(args.server_src))) for config, extra in options.items()}
-        servers[args.peer] = running.enter_context(Peer(target, onnx, args.peer_max_batch,
-                                                        args.peer_batch_timeout_ms / 1e3, out / f"peer-{target.name}.log"))
+        servers[args.peer] = running.enter_context(Peer(target, onnx, args.peer_max_batch, args.peer_batch_timeout_ms / 1e3,
+                                                        out / f"peer-{target.name}.log"))
         result["servers"] = {who: {"served_as": server.served_as(target.name), "start_s": round(server.start_s, 1),
                                    "low_load": None, "sweeps": []} for who, server in servers.items()}
         for repetition in range(args.repeat):

@@ -23,10 +23,6 @@ def first_sentence(help_text: str) -> str:
     return re.split(r"(?<=[.!?])\s+(?=[A-Z])", paragraph)[0]
 
 
-def commands(group) -> dict[str, object]:
-    return dict(group.commands)
-
-
 def help_screen(*args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "inceptionlab", *args, "--help"], capture_output=True, text=True,
                           env={**os.environ, **WIDE}, timeout=120)
@@ -50,7 +46,7 @@ def test_the_command_list_shows_each_commands_first_sentence_on_its_row(group_pa
     for name in group_path:
         group = group.commands[name]
     rows = panel_rows(help_screen(*group_path))
-    for name, command in commands(group).items():
+    for name, command in group.commands.items():
         summary = first_sentence(command.help or "")
         assert rows.get(name) == summary, f"{name}: {rows.get(name)!r} instead of {summary!r}"
         assert len(summary) <= MAX_SUMMARY, f"{name}: a summary of {len(summary)} characters: {summary!r}"

@@ -91,7 +91,7 @@ CLI_PAGE = REPO / "docs" / "cli.md"
 
 
 def command_table(app: Any) -> str:
-    """One row per command: its name and its row in `--help` (its first sentence), in the order `--help` lists them."""
+    """One row per command: its name and its row in `--help` (its first sentence), in that order."""
     import typer.main
 
     rows = ["| command | what it does |", "|---|---|"]

@@ -34,7 +34,8 @@ def check(
 ) -> None:
     """Check a data set before training on it: unreadable files, duplicates, leaks, imbalance, odd images.
     It finds files that do not decode, identical and near-identical images (resized or re-encoded
-    copies), the same image in train and val (or test), an image under two classes, class counts and imbalance (with class weights to use), odd sizes, modes and aspect ratios.
+    copies), the same image in train and val (or test), an image under two classes, class counts and
+    imbalance (with class weights to use), odd sizes, modes and aspect ratios.
     Each finding names its files and what to do. Exits 1 when it finds errors.
 
     Examples:

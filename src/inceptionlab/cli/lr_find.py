@@ -26,9 +26,10 @@ def lr_find(
 ) -> None:
     """Find the learning rates to fine-tune with: Smith's range test, for the head, then the whole model.
     The rate rises exponentially, one value per training step, from the recipe's starting weights,
-    first for the head alone (the body frozen as in head-only epochs), then for the whole model. Suggests optim.lr (the head's steepest descent of the smoothed loss) and
-    finetune.body_lr_mult (the whole model's over the head's); draws the curves. The weights are not
-    changed: nothing is saved but the plot and the numbers.
+    first for the head alone (the body frozen as in head-only epochs), then for the whole model.
+    Suggests optim.lr (the head's steepest descent of the smoothed loss) and finetune.body_lr_mult (the
+    whole model's over the head's); draws the curves. The weights are not changed: nothing is saved but
+    the plot and the numbers.
 
     Examples:
 
