@@ -128,6 +128,39 @@ def test_label_errors_of_a_model_scored_on_some_of_its_classes(tmp_path):
     assert found <= flipped and len(found) >= 5 and {issue.suggested for issue in issues} <= {2, 5, 7}
 
 
+def test_a_model_no_better_than_chance_gets_no_label_error_ranking(tmp_path, cli):
+    """An early or broken model that answers one class for everything: confident learning would blame the
+    labels of nearly every image (cleanlab flagged 17 of 23 such images of a 2-epoch from-scratch run) for
+    the model's own errors, so the report says why it ranks none instead."""
+    pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
+    from inceptionlab.errors import UserError
+    from inceptionlab.infer.label_errors import likely_label_errors
+
+    true = [0] * 12 + [1] * 6 + [2] * 3 + [3] * 2
+    results = _table(tmp_path, true, [2] * len(true), ["cat", "dog", "fox", "owl"], confidence=30.0)
+    with pytest.raises(UserError, match=r"mean per-class recall 0\.250 .*chance \(0\.250 for 4 classes"):
+        likely_label_errors(results)
+    summary = write_report(results, tmp_path / "r.html", ReportSettings(cam=0))
+    assert summary["label_issues"] is None
+    assert any(note.startswith("no label-error ranking: ") and "train further" in note for note in summary["notes"])
+    printed = cli("report", tmp_path, "--cam", "0")
+    assert printed.code == 0, printed.err
+    assert "likely label error" not in printed.out and "note: no label-error ranking: " in printed.out
+
+
+def test_label_errors_need_recall_clearly_above_chance_on_the_images_there_are(tmp_path):
+    """Above chance by less than two standard errors of chance on these counts (0.475 on 12/6/3/2 images
+    of 4 classes) is still refused; the planted-error tables above, from good models, pass."""
+    pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
+    from inceptionlab.errors import UserError
+    from inceptionlab.infer.label_errors import likely_label_errors
+
+    true = [0] * 12 + [1] * 6 + [2] * 3 + [3] * 2
+    pred = [0] * 6 + [2] * 6 + [1] * 3 + [2] * 3 + [0, 0, 2] + [0, 0]  # recalls 0.5, 0.5, 0.333, 0.0
+    with pytest.raises(UserError, match=r"mean per-class recall 0\.333 .*needs more than 0\.475"):
+        likely_label_errors(_table(tmp_path, true, pred, ["cat", "dog", "fox", "owl"]))
+
+
 @pytest.fixture(scope="module")
 def evaluated_run(tmp_path_factory):
     """The small run (2 planted label errors in val/), copied and evaluated."""
