@@ -63,6 +63,7 @@ def likely_label_errors(results: Results, temperature: float = 1.0) -> list[Labe
     probs = results.probabilities(temperature)[:, present]
     probs = probs / probs.sum(axis=1, keepdims=True)
     dense = np.searchsorted(present, given)  # cleanlab wants labels 0..K-1
+    _require_better_than_chance(dense, probs.argmax(axis=1))
     ranked = _cleanlab_filter().find_label_issues(dense, probs, return_indices_ranked_by="self_confidence")
     issues = []
     for row in map(int, ranked):
@@ -70,3 +71,24 @@ def likely_label_errors(results: Results, temperature: float = 1.0) -> list[Labe
         issues.append(LabelIssue(row, int(given[row]), int(present[best]), float(probs[row, dense[row]]),
                                  float(probs[row, best])))
     return issues
+
+
+def _require_better_than_chance(given: np.ndarray, predicted: np.ndarray) -> None:
+    """Refuse (UserError, saying why) a model whose answers the images cannot tell from chance.
+
+    Confident learning trusts the model where it contradicts a label. A model that answers one class for
+    everything (an early or broken run) contradicts nearly every other image: cleanlab flagged 17 of 23
+    held-out images of a 2-epoch from-scratch Inception v3 as label errors, all of them the model's own.
+    The bar is the mean per-class recall (balanced accuracy: a constant answer scores 1/K however
+    imbalanced the classes) above chance, 1/K, by two standard errors of what guessing at random would
+    score on these per-class counts: (1/K) * sqrt(sum_c (1/K)(1 - 1/K) / n_c). 23 images of 4 classes
+    need 0.475; 50 validation images per class of tiny-imagenet's 200 need 0.0064.
+    """
+    classes, counts = np.unique(given, return_counts=True)
+    recall = float(np.mean([np.mean(predicted[given == c] == c) for c in classes]))
+    chance = 1.0 / len(classes)
+    bar = chance + 2.0 * chance * float(np.sqrt(np.sum(chance * (1.0 - chance) / counts)))
+    if recall <= bar:
+        raise UserError(f"the model's mean per-class recall {recall:.3f} on these {len(given)} images is not clearly "
+                        f"above chance ({chance:.3f} for {len(classes)} classes; needs more than {bar:.3f}): its "
+                        "errors would be taken for label errors; train further, or evaluate a better model")
