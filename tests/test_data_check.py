@@ -130,6 +130,22 @@ def test_imbalance_suggests_balanced_class_weights(tmp_path):
     assert "\n" not in line
 
 
+def test_a_folder_of_class_folders_counts_its_images_without_naming_a_split(tmp_path):
+    """photos/<class>/ with no train/ or val/ (the split is made at training): the counts say "images of cat",
+    not "all images of cat" (the listing's name for the whole folder)."""
+    root = clean_dataset(tmp_path / "data", train=4, val=0)
+    for name in ("cat", "dog", "fox"):
+        (root / "train" / name).rename(root / name)
+    shutil.rmtree(root / "train")
+    rng = np.random.default_rng(5)
+    for i in range(12):
+        smooth_image(rng).save(root / "cat" / f"extra_{i}.jpg")
+    findings = {f.check: f for f in quick_check(root)}
+    assert findings["imbalance"].message.startswith("classes are imbalanced: 16 images of cat, 4 of ")
+    assert findings["few_images"].message == "2 class(es) have fewer than 5 images"
+    assert " all " not in warning_line(list(findings.values()), root)
+
+
 def test_the_cli_reports_and_exits_1_on_errors(planted, cli):
     root, expected = planted
     result = cli("data", "check", root, "--workers", "0", "--json")
