@@ -131,7 +131,7 @@ def count_findings(listing: DataListing) -> list[Finding]:
         most, fewest = max(present, key=present.get), min(present, key=present.get)
         out.append(Finding(
             "imbalance", "warning",
-            f"classes are imbalanced: {present[most]} {train.name} images of {most}, {present[fewest]} of {fewest} "
+            f"classes are imbalanced: {present[most]} {_images(train)} of {most}, {present[fewest]} of {fewest} "
             f"({present[most] / present[fewest]:.1f}x)",
             "weight the loss by class (--set train.class_weights=auto: the weights below) or draw classes evenly "
             "(--set data.sampler=balanced); judge the model by per-class recall, not top-1 alone; or collect more "
@@ -139,7 +139,7 @@ def count_findings(listing: DataListing) -> list[Finding]:
     few = sorted((c for c, n in present.items() if n < FEW_IMAGES), key=present.get)
     if few:
         out.append(Finding("few_images", "warning", f"{len(few)} class(es) have fewer than {FEW_IMAGES} "
-                           f"{train.name} images", "collect more images of them: a class seen this rarely is "
+                           f"{_images(train)}", "collect more images of them: a class seen this rarely is "
                            "barely learnt", few, {"counts": {c: present[c] for c in few}}))
     val = next((s for s in listing.splits if s.name == "val"), None)
     if val is not None and val.classes == train.classes:
@@ -149,6 +149,11 @@ def count_findings(listing: DataListing) -> list[Finding]:
             out.append(Finding("no_validation", "warning", f"{len(unmeasured)} class(es) have no validation images",
                                "add validation images of them: their accuracy goes unmeasured", unmeasured))
     return out
+
+
+def _images(split: SplitListing) -> str:
+    """"train images", or plain "images" for a folder of class folders (listed as the split "all")."""
+    return "images" if split.name == "all" else f"{split.name} images"
 
 
 def per_class(split: SplitListing) -> dict[str, int]:
