@@ -251,6 +251,41 @@ def test_a_multipart_upload_is_counted_before_any_file_is_decoded(tiny):
     assert answered.status_code == 200 and len(answered.json()["results"]) == 8 and counting.calls == 8
 
 
+def test_the_planned_batch_size_does_not_limit_the_images_one_request_holds(tiny):
+    """`--max-batch auto` may plan batches of 1 (it does for Inception v3 at 299 px on a 2-core AMD EPYC,
+    and INCEPTIONLAB_AUTO=safe does here): a request of several images, as files or as one tensor, is
+    still answered, each image as the model answers it alone, up to 32 (hardware.AUTO_MAX_BATCH)
+    whatever the plan; 33 are refused naming that limit, not the plan's batch size."""
+    served = serve_model(tiny[0], max_batch=None)
+    assert served.max_batch == 1 and served.buckets == [1]
+    pngs = sorted((tiny[1] / "val").rglob("*.png"))[:3]
+    files = [("file", (path.name, path.read_bytes(), "image/png")) for path in pngs]
+    pixels = np.stack([served.preprocess_image(path.read_bytes(), path.name) for path in pngs])
+    tensor = {"inputs": [{"name": "images", "datatype": "UINT8", "shape": list(pixels.shape),
+                          "data": pixels.ravel().tolist()}]}
+    app = create_app([served], RequestSettings())
+    with uvicorn_thread(app) as base:
+        together = httpx.post(f"{base}/v1/classify", files=files, timeout=WAIT_S)
+        alone = [httpx.post(f"{base}/v1/classify", files=[file], timeout=WAIT_S) for file in files]
+        as_tensor = httpx.post(f"{base}/v2/models/tiny/infer", json=tensor, timeout=WAIT_S)
+        too_many = httpx.post(f"{base}/v1/classify", files=[files[0]] * 33, timeout=WAIT_S)
+        config = httpx.get(f"{base}/v2/models/tiny/config", timeout=WAIT_S).json()
+    assert together.status_code == 200, together.text
+    assert [r.status_code for r in alone] == [200] * 3
+    for joint, single in zip(together.json()["results"], alone):
+        assert joint["topk"][0]["label"] == single.json()["results"][0]["topk"][0]["label"]
+        assert joint["score"] == pytest.approx(single.json()["results"][0]["score"], abs=1e-5)
+    assert as_tensor.status_code == 200, as_tensor.text
+    (probabilities,) = [o for o in as_tensor.json()["outputs"] if o["name"] == "probabilities"]
+    assert probabilities["shape"][0] == 3
+    assert np.reshape(probabilities["data"], probabilities["shape"]).max(axis=1) == \
+        pytest.approx([r["score"] for r in together.json()["results"]], abs=1e-5)
+    error = too_many.json()["error"]
+    assert too_many.status_code == 400 and "more than 32 images in one request" in error and "--max-batch 1" not in error
+    # Clients (Triton's, perf_analyzer) size their requests by max_batch_size; the plan shows as the batch sizes.
+    assert config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [1]
+
+
 @pytest.mark.parametrize("route", ["multipart", "oip"])
 def test_a_request_over_the_pixel_budget_is_refused_before_decoding(tiny, route):
     counting = CountingDecodes(tiny[2])
