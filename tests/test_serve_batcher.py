@@ -133,3 +133,48 @@ def test_engine_pads_to_the_bucket_and_returns_only_the_real_rows():
     assert session.sizes == [8] and out.shape == (5, 1)
     np.testing.assert_array_equal(out[:, 0], [0, 2, 4, 6, 8])
     assert batch_buckets(8) == [1, 2, 4, 8] and batch_buckets(12) == [1, 2, 4, 8, 12]
+
+
+def test_a_request_over_max_batch_but_within_max_request_runs_alone_and_the_rest_still_batch():
+    async def main():
+        recorder = Recorder()
+        recorder.gate.clear()  # everything queues behind the first batch, then the order is known
+        batcher = DynamicBatcher(recorder, max_batch=2, max_delay_s=0, max_queue=10, max_request=5)
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))
+        while batcher.executing == 0:
+            await asyncio.sleep(0)
+        sizes = [1, 5, 1, 1]
+        queued = [asyncio.create_task(batcher.submit(np.full((n, 1), n), n)) for n in sizes]
+        await asyncio.sleep(0)
+        with pytest.raises(ValueError, match=r"6 items exceeds 5, the most one request holds with --max-batch auto"):
+            await batcher.submit(np.zeros((6, 1)), 6)
+        recorder.gate.set()
+        results = await asyncio.gather(first, *queued)
+        await batcher.stop()
+        return recorder.batches, results
+
+    batches, results = run(main())
+    assert batches == [[1], [1], [5], [1, 1]]  # the 5 alone, between the batches it did not fit in
+    assert [len(r) for r in results] == [1, 1, 5, 1, 1]
+
+
+def test_engine_runs_a_request_over_its_largest_bucket_as_consecutive_full_batches():
+    from inceptionlab.serve.models import Engine
+
+    sizes = []
+
+    class Doubling:
+        def place(self, x):
+            return x
+
+        def run(self, x):
+            sizes.append(len(x))
+            return x * 2
+
+        def to_numpy(self, x):
+            return x
+
+    engine = Engine({1: Doubling(), 2: Doubling()}, [1, 2])
+    out = engine.run(np.arange(5, dtype=np.float32).reshape(5, 1))
+    assert sizes == [2, 2, 1] and out[:, 0].tolist() == [0, 2, 4, 6, 8]

@@ -28,10 +28,11 @@ def serve(
     precision: str = typer.Option("auto", "--precision", help="auto | fp32 | bf16 | fp16 | int8 (reduced "
                                   "precisions only when they pass the agreement rule)."),
     device: str = options.device_option(),
-    max_batch: str = typer.Option("auto", "--max-batch", help="Largest batch the dynamic batcher forms; auto: "
-                                  "decided with --instances at start-up: each plan's batch times are measured "
-                                  "(cached per machine) and the plan that holds the highest rate of random "
-                                  "arrivals within --slo-ms is chosen."),
+    max_batch: str = typer.Option("auto", "--max-batch", help="Largest batch the dynamic batcher forms, and "
+                                  "the most images one request may hold; auto: decided with --instances at "
+                                  "start-up: each plan's batch times are measured (cached per machine) and the "
+                                  "plan that holds the highest rate of random arrivals within --slo-ms is "
+                                  "chosen, while a request may hold up to 32 images whatever the plan."),
     slo_ms: float = typer.Option(100.0, "--slo-ms", min=0.001, help="The latency objective auto plans are "
                                  "chosen for: p99 in ms under Poisson arrivals (the plans' rates and saturation "
                                  "are printed at start-up). A model slower than it even alone is planned for 5x "

@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inceptionlab.errors import UserError
+from inceptionlab.serve.batcher import request_limit
 from inceptionlab.serve.explain import ExplainService, install_explain_route
 from inceptionlab.serve.live import LiveStats
 from inceptionlab.serve.metrics import PROTOCOLS
@@ -405,22 +406,23 @@ async def _classify_inputs(state: ServeState, served: ServedModel,
         item, count = await state.in_thread(served.encode_texts, texts)
         return texts, item, count, {}
     if content_type.startswith("multipart/form-data"):
-        files = await _uploaded_files(request, served.max_batch)
+        files = await _uploaded_files(request, served)
     else:
         files = [("body", await request.body())]
     return await state.in_thread(_decode_some, served, files)
 
 
-async def _uploaded_files(request: Request, max_batch: int) -> list[tuple[str, bytes]]:
-    """The form's files, counted as they are parsed: one past --max-batch ends the parse, before
-    anything is decoded."""
+async def _uploaded_files(request: Request, served: ServedModel) -> list[tuple[str, bytes]]:
+    """The form's files, counted as they are parsed: one past the most a request may hold ends the
+    parse, before anything is decoded."""
+    limit = served.max_request
     try:
-        form = await request.form(max_files=max_batch, max_fields=MAX_FORM_FIELDS)
+        form = await request.form(max_files=limit, max_fields=MAX_FORM_FIELDS)
     except StarletteHTTPException as exc:
         if "Too many files" not in str(exc.detail):
             raise
-        raise ProtocolError(f"more than {max_batch} images in one request (--max-batch {max_batch}); split "
-                            "them") from None
+        raise ProtocolError(f"more than {limit} images in one request ({request_limit(served.max_batch, limit)}); "
+                            "split them") from None
     files = [(v.filename or key, await v.read()) for key, v in form.multi_items() if hasattr(v, "read")]
     if not files:
         raise ProtocolError("the multipart form has no files; send images as file fields")

@@ -2,7 +2,9 @@
 
 - A request (one or more items along axis 0) waits at most `max_delay` from when the OLDEST
   request of the batch arrived; the batch goes as soon as it holds `max_batch` items or the
-  delay is over. Requests are never split; a request bigger than `max_batch` is refused (400).
+  delay is over. Requests are never split between batches: one bigger than `max_batch` (allowed
+  up to `max_request`) runs alone, and the run function takes it in pieces; one bigger than
+  `max_request` is refused (400).
 - The queue holds at most `max_queue` requests; one more is refused at once (QueueFull -> 503
   with Retry-After): a bounded queue keeps memory and latency bounded under overload.
 - `instances` batches run at the same time (one worker thread each, each with its own session):
@@ -64,8 +66,10 @@ RunFn = Callable[[int, Sequence[Any]], Sequence[Any]]
 
 class DynamicBatcher:
     def __init__(self, run: RunFn, max_batch: int, max_delay_s: float, max_queue: int, instances: int = 1,
-                 on_batch: Callable[[BatchStats], None] = lambda stats: None, name: str = "model"):
+                 on_batch: Callable[[BatchStats], None] = lambda stats: None, name: str = "model",
+                 max_request: int | None = None):
         self.run, self.max_batch, self.max_delay, self.name = run, max_batch, max_delay_s, name
+        self.max_request = max(max_request or 0, max_batch)
         self.max_queue, self.instances, self.on_batch = max_queue, instances, on_batch
         self.queue: deque[_Entry] = deque()
         self.executing = 0  # requests inside a running batch
@@ -100,9 +104,10 @@ class DynamicBatcher:
             raise QueueFull(f"{len(self.queue)} requests are queued (--max-queue {self.max_queue})")
 
     def check_size(self, count: int) -> None:
-        """ValueError for a request bigger than max_batch: a 400 whatever the load (retrying cannot help)."""
-        if count > self.max_batch:
-            raise ValueError(f"a request of {count} items exceeds --max-batch {self.max_batch}; split it")
+        """ValueError for a request bigger than max_request: a 400 whatever the load (retrying cannot help)."""
+        if count > self.max_request:
+            raise ValueError(f"a request of {count} items exceeds {request_limit(self.max_batch, self.max_request)}; "
+                             "split it")
 
     async def submit(self, item: Any, count: int, timeout_s: float | None = None, tag: str = "") -> Any:
         """Queue one request and wait for its result; QueueFull / Draining refuse it at once."""
@@ -195,7 +200,7 @@ class DynamicBatcher:
             if entry.future.done():  # gave up while queued
                 self.queue.popleft()
                 continue
-            if items + entry.count > self.max_batch:
+            if items + entry.count > self.max_batch and batch:  # a request over max_batch goes alone
                 break
             batch.append(self.queue.popleft())
             items += entry.count
@@ -213,6 +218,13 @@ class DynamicBatcher:
     def _note_idle(self) -> None:
         if not self.queue and self.executing == 0:
             self._idle.set()
+
+
+def request_limit(max_batch: int, max_request: int) -> str:
+    """How the most items one request may hold is named in a refusal: the flag that set it."""
+    if max_request == max_batch:
+        return f"--max-batch {max_batch}"
+    return f"{max_request}, the most one request holds with --max-batch auto (the plan batches {max_batch})"
 
 
 def split_rows(output: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:

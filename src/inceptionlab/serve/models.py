@@ -7,7 +7,8 @@ take raw strings through the run's own tokenizer, like `predict --text` (infer/t
 
 Batches are padded up to the next bucket (1, 2, 4, ..., max_batch), so a model only ever runs the
 bucket sizes, and every one of them is run once at start-up: the first call at a new shape costs
-oneDNN kernel creation (and on OpenVINO a static-shape compile), never a client's request.
+oneDNN kernel creation (and on OpenVINO a static-shape compile), never a client's request. A request
+larger than the plan's batch (allowed up to `max_request`) runs as consecutive batches of the largest.
 
 `auto` backend on a CPU: OpenVINO when installed, else ONNX Runtime, else eager PyTorch. Measured
 on this project's 2-core AMD EPYC, Inception v3 299 px batch 8 (see the README's bench table):
@@ -131,6 +132,9 @@ class Engine:
 
     def run(self, inputs: np.ndarray) -> np.ndarray:
         count = len(inputs)
+        if count > self.buckets[-1]:  # a request larger than the plan's batch: consecutive full batches
+            largest = self.buckets[-1]
+            return np.concatenate([self.run(inputs[i:i + largest]) for i in range(0, count, largest)])
         size = self.bucket(count)
         if size > count:  # pad with copies of the last row: real values, no NaN surprises
             inputs = np.concatenate([inputs, np.repeat(inputs[-1:], size - count, 0)])
@@ -147,16 +151,21 @@ class ServedModel:
     precision: str
     provider: str
     engines: list[Engine]
-    max_batch: int
+    max_batch: int  # the most items one batch holds (the serving plan's)
     vectorizer: Any = None  # text models: the run's TextVectorizer
     agreement: str | None = None  # the verdict that allowed a reduced precision
     warmup_s: float = 0.0
     batching: str | None = None  # the serving plan and the evidence it was chosen on
     max_delay_ms: float = 2.0  # how long the batcher waits for a batch to fill
     tta: str = "none"  # test-time augmentation around the engine (image models)
+    # The most items one request may hold: --max-batch when set, else AUTO_MAX_BATCH whatever the plan
+    # chose, so what a client may send never depends on a timing (a larger request runs as consecutive
+    # batches). None: max_batch.
+    max_request: int | None = None
     task: Any = field(init=False)
 
     def __post_init__(self) -> None:
+        self.max_request = max(self.max_request or 0, self.max_batch)
         self.task = make_task(self.spec.task, self.spec.num_classes)
         self.decision = Decision.of(self.spec)
         if self.is_image:
@@ -373,7 +382,8 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     engines = [opener.engine(buckets, decision.threads) for _ in range(decision.plan.instances)]
     served = ServedModel(name or opener.spec.arch, opener.spec, opener.label, opener.backend, opener.precision,
                          next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
-                         opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, tta=tta)
+                         opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, tta=tta,
+                         max_request=settings.max_batch or hardware.AUTO_MAX_BATCH)
     started = time.perf_counter()
     warm_up(served)
     served.warmup_s = time.perf_counter() - started

@@ -150,7 +150,8 @@ class ServeState:
     def start(self) -> None:
         for name, model in self.models.items():
             batcher = DynamicBatcher(model.run, model.max_batch, self.delay_ms(model) / 1e3,
-                                     self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name)
+                                     self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name,
+                                     max_request=model.max_request)
             batcher.start()
             self.batchers[name] = batcher
             self.metrics.add_model(name, lambda b=batcher: b.pending)
@@ -321,7 +322,7 @@ class ServeState:
             "name": model.name,
             "platform": meta["platform"],
             "backend": model.backend,
-            "max_batch_size": model.max_batch,
+            "max_batch_size": model.max_request,  # what one request may hold; the batches: preferred_batch_size
             "input": [_config_input(spec) for spec in meta["inputs"]],
             "output": [{"name": o["name"], "data_type": config_data_type(o["datatype"]), "dims": o["shape"][1:]}
                        for o in meta["outputs"]],
