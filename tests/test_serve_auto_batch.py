@@ -105,6 +105,16 @@ def test_max_delay_option_parses(value, expected):
 
 
 def test_a_bad_max_delay_or_instance_count_is_a_one_line_error(cli):
-    for option, value in (("--max-delay-ms", "-1"), ("--max-delay-ms", "soon"), ("--instances", "0")):
-        result = cli("serve", "--model", "inception_v3", option, value)
-        assert result.code == 2 and option in result.err and "auto" in result.err
+    """Said before the ports are tried: a bad value is the error whether or not the ports are free (the
+    gRPC port 8001 taken by another server on the machine hid it behind a port error)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        busy = str(taken.getsockname()[1])
+        for option, value in (("--max-delay-ms", "-1"), ("--max-delay-ms", "soon"), ("--instances", "0"),
+                              ("--max-batch", "0"), ("--tta", "sideways")):
+            result = cli("serve", "--model", "inception_v3", "--port", busy, "--grpc-port", busy, option, value)
+            assert result.code == 2 and option in result.err and "cannot listen" not in result.err, result.err
+            assert len(result.err.strip().splitlines()) == 1
