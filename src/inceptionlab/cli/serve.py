@@ -102,6 +102,12 @@ def serve(
     runs = [*(runs or []), *run]
     if not runs and not model:
         raise UserError("give run directories to serve, or --model NAME (e.g. --model inception_v3)")
+    # Every value is checked before the ports: a bad one is the error whatever else listens there.
+    settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
+                                 _positive("--instances", instances), weights,
+                                 log=lambda message: typer.echo(message, err=True),
+                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate, slo_ms=slo_ms,
+                                 tta=options.check_tta(tta))
     grpc_number = _grpc_port(grpc_port)
     for option, number in (("--port", port), ("--grpc-port", grpc_number)):
         _check_free(host, number, option)  # before loading models, which can take minutes
@@ -109,11 +115,6 @@ def serve(
     if key is None and not _loopback(host):
         typer.echo(f"warning: --host {host} accepts requests from the network and no API key is set: anyone who "
                    f"can reach the port can use the models; set --api-key KEY (or {API_KEY_ENV})", err=True)
-    settings = ModelLoadSettings(backend, precision, str(resolve_device(device)), _positive("--max-batch", max_batch),
-                                 _positive("--instances", instances), weights,
-                                 log=lambda message: typer.echo(message, err=True),
-                                 max_delay_ms=_delay(max_delay_ms), fresh=calibrate, slo_ms=slo_ms,
-                                 tta=options.check_tta(tta))
     served, sources = [], []
     for name, run_dir in (_named(r) for r in runs or []):
         served.append(load_served_model(settings, run_dir=run_dir, name=name))
