@@ -50,6 +50,36 @@ def test_lr_find_restores_the_weights_and_suggests_both_rates(image_folder):
     assert set(found) <= {"optim.lr", "finetune.body_lr_mult"}
 
 
+def test_progress_advances_as_the_steps_run_not_before(image_folder):
+    """The progress wrapper sees each rate when its step runs: the bar (or the log line) of a 50-minute
+    range test on a CPU moved to 100% before the first step, then nothing."""
+    from inceptionlab.engine.session import build_training_session
+
+    s = build_training_session(load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={image_folder}", *SMALL_CNN]))
+    forwards = []
+    s.model.register_forward_hook(lambda *_: forwards.append(1))
+    seen = []
+
+    def progress(values):
+        for value in values:
+            seen.append(len(forwards))  # forward passes run before this rate's step
+            yield value
+
+    find_learning_rates(s, 1e-5, 1e-3, steps=5, progress=progress)
+    assert seen == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # head then body, one step after each rate is handed out
+
+
+def test_cli_without_a_terminal_says_how_far_each_range_test_is(image_folder, tmp_path, cli):
+    sets = [x for item in [*FAST, *SMALL_CNN] for x in ("--set", item)]
+    result = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, *sets, "--steps", "20",
+                 "--start", "1e-5", "--end", "1e-3", "--out", tmp_path / "lr", "--no-progress")
+    assert result.code == 0, result.err
+    lines = [line for line in result.out.splitlines() if line.startswith("range test ")]
+    assert [line.split(":")[0] for line in lines] == ["range test head"] * 10 + ["range test body"] * 10
+    assert lines[0].startswith("range test head: step 2/20, lr ") and "left" in lines[0]
+    assert lines[-1].startswith("range test body: step 20/20, lr 0.001")
+
+
 def test_cli_writes_the_plot_and_json(image_folder, tmp_path, cli):
     sets = [x for item in [*FAST, *SMALL_CNN] for x in ("--set", item)]
     result = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, *sets, "--steps", "10",
