@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -56,8 +56,20 @@ def rates(start: float, end: float, steps: int) -> list[float]:
     return [start * (end / start) ** (k / max(1, steps - 1)) for k in range(steps)]
 
 
-def range_test(step: Callable[[float], float], lrs: list[float], part: str = "") -> RangeTest:
-    """Call `step(lr)` (one optimizer step at that rate, returning its loss) for each rate until the loss diverges."""
+def range_test(step: Callable[[float], float], lrs: list[float], part: str = "",
+               progress: Callable[[Any], Any] = lambda it: it) -> RangeTest:
+    """Call `step(lr)` (one optimizer step at that rate, returning its loss) for each rate until the loss
+    diverges. `progress` wraps the rates (a tqdm bar): each rate is drawn from it as its step runs."""
+    stepping = progress(lrs)
+    try:
+        return _range_test(step, stepping, lrs[-1], part)
+    finally:
+        close = getattr(stepping, "close", None)  # a bar or generator left early (divergence)
+        if close is not None:
+            close()
+
+
+def _range_test(step: Callable[[float], float], lrs: Iterable[float], last: float, part: str) -> RangeTest:
     result = RangeTest(part)
     average, best = 0.0, math.inf
     for k, lr in enumerate(lrs):
@@ -74,7 +86,7 @@ def range_test(step: Callable[[float], float], lrs: list[float], part: str = "")
         if smoothed > DIVERGED * best:
             result.ended = f"diverged at lr {lr:.3g} (smoothed loss {smoothed:.3g} > {DIVERGED:g} x best {best:.3g})"
             break
-    result.ended = result.ended or f"reached lr {lrs[-1]:.3g}"
+    result.ended = result.ended or f"reached lr {last:.3g}"
     result.suggestion = suggest(result.lrs[: len(result.smoothed)], result.smoothed)
     return result
 
@@ -124,7 +136,7 @@ def session_range_test(s: TrainingSession, part: str, lrs: list[float],
         loss, _ = train_step(runner, s.task, optimizer, scaler, s.settings, inputs, targets)
         return float(loss)
 
-    return range_test(step, list(progress(lrs)), part)
+    return range_test(step, lrs, part, progress)
 
 
 def find_learning_rates(s: TrainingSession, start: float = 1e-7, end: float = 10.0, steps: int = 100,
