@@ -49,6 +49,21 @@ def test_evaluate_table(run_and_data, cli):
     assert all(name in result.out for name in ("cat", "dog", "fox"))
 
 
+def test_evaluate_says_which_weights_it_scored(run_and_data, cli, tmp_path):
+    """model.pt holds the weights training ended with, not its best epoch's (training's last line names
+    the best): the first line and eval.json say which file was scored, and --weights is named as given."""
+    run_dir, _ = run_and_data
+    result = cli("evaluate", run_dir, "--out", tmp_path / "final")
+    assert result.code == 0, result.err
+    assert result.out.splitlines()[0] == f"scored {run_dir / 'model.pt'}: the weights training ended with"
+    assert json.loads((tmp_path / "final" / "eval.json").read_text())["weights"] == str(run_dir / "model.pt")
+    other = tmp_path / "other.pt"
+    other.write_bytes((run_dir / "model.pt").read_bytes())
+    result = cli("evaluate", run_dir, "--weights", other, "--out", tmp_path / "other", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["weights"] == str(other)
+
+
 def test_evaluate_needs_a_run_or_a_model(cli):
     result = cli("evaluate")
     assert result.code == 2 and "RUN_DIR or --run RUN_DIR" in result.err and "--model NAME" in result.err
