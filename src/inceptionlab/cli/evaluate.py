@@ -93,6 +93,7 @@ def evaluate(
     if as_json:
         print(json.dumps({**report, "files": {k: str(v) for k, v in paths.items()}}))
         return
+    print(f"scored {evaluation.weights}: {evaluation.weights_note}")
     _print_table(report)
     print("\n".join(rule.lines()))
     if report["skipped"]:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from inceptionlab import hardware
+from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import load_recipe
 from inceptionlab.data.datasets.file_list import recorded_split
 from inceptionlab.data.datasets.imagefolder import RobustImageFolder
@@ -116,10 +117,13 @@ class Evaluation:
     present: list[int]  # model class indices that have samples
     per_image: PerImage | None = None
     scores: Scores | None = None
+    weights: str = ""  # the file scored (a run's), or the pretrained weights' name
+    weights_note: str = ""  # what that file holds, for the first line
 
     def report(self) -> dict[str, Any]:
         per_class = self.result["per_class"]
         return {
+            "weights": self.weights,
             "loss": self.result["loss"],
             "top1": self.result["top1"],
             **({"top5": self.result["top5"]} if "top5" in self.result else {}),
@@ -156,7 +160,9 @@ def _tta_runner(model: nn.Module, spec: ModelSpec, tta: str | None) -> tuple[nn.
 
 def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device: torch.device, batch_size: int,
                  num_workers: int | None, weights: Path | None = None, tta: str | None = None) -> Evaluation:
-    model, spec = load_run_model(run_dir, weights)
+    run = RunDir.open(run_dir)
+    used = weights or run.weights_for_inference()
+    model, spec = load_run_model(run_dir, used)
     overrides = recorded_split(run_dir) + ([f"data.root={data}"] if data else [])  # the run's own split
     if spec.tokenizer:  # score with the vocabulary the model was trained with
         overrides.append(f"data.text.tokenizer={Path(run_dir) / spec.tokenizer}")
@@ -178,7 +184,20 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
             "tta": mode}
     rows = PerImage.collect(recorder, dataset, result["skipped"], meta)
     validation = split is None or split == recipe.data.val_split
-    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, validation))
+    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, validation), str(used),
+                      _what_it_holds(run, used, spec, given=weights is not None))
+
+
+def _what_it_holds(run: RunDir, used: Path, spec: ModelSpec, given: bool) -> str:
+    """model.pt is the weights training ended with (its EMA average with EMA on), not the best epoch's:
+    said, since training's last line names the best epoch."""
+    if given:
+        return "--weights"
+    if used == run.model_file:
+        return ("the average (EMA) of the weights training ended with" if spec.weights == "ema"
+                else "the weights training ended with")
+    return "the best epoch's checkpoint so far (no model.pt: training has not finished)" if used == run.best \
+        else "the last checkpoint (no model.pt or best.pt yet)"
 
 
 def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.device, batch_size: int,
@@ -195,7 +214,8 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
     meta = {"task": spec.task, "model": name, "run_dir": None, "recipe": None, "weights": weights, "data": str(Path(root).absolute()),
             "split": root.name, "train_split": None, "tta": mode}
     rows = PerImage.collect(recorder, mapped, result["skipped"], meta)
-    return Evaluation(spec, result, sorted(set(mapping)), rows, Scores.collect(rows, runner, mode, True))
+    return Evaluation(spec, result, sorted(set(mapping)), rows, Scores.collect(rows, runner, mode, True), weights,
+                      "--weights" if Path(weights).suffix else f"{name}'s {weights} weights")
 
 
 def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
