@@ -127,3 +127,19 @@ def test_pretrained_model_on_wnid_folders(tiny_imagenet, tmp_path, cli, monkeypa
     report = json.loads(result.out)
     assert report["samples"] == len(list(subset.rglob("*.JPEG")))  # 3 classes: 12 written, 150 real images
     assert set(report["per_class"]) == {"goldfish", "European fire salamander", "bullfrog"}
+
+
+def test_the_first_line_says_what_each_kind_of_weights_file_holds(tmp_path):
+    from inceptionlab.checkpoint import RunDir
+    from inceptionlab.infer.evaluate import _what_it_holds
+    from inceptionlab.models.spec import ModelSpec
+
+    run = RunDir(tmp_path)
+    raw = ModelSpec("resnet18", 2, ["a", "b"])
+    averaged = ModelSpec("resnet18", 2, ["a", "b"], weights="ema")
+    assert _what_it_holds(run, run.model_file, raw, given=False) == "the weights training ended with"
+    assert _what_it_holds(run, run.model_file, averaged, given=False) == \
+        "the average (EMA) of the weights training ended with"
+    assert _what_it_holds(run, run.best, raw, given=False).startswith("the best epoch's checkpoint so far")
+    assert _what_it_holds(run, run.last, raw, given=False).startswith("the last checkpoint")
+    assert _what_it_holds(run, tmp_path / "x.pt", raw, given=True) == "--weights"
