@@ -156,6 +156,18 @@ def test_bad_options_are_one_line_errors(run_and_images, cli, args, words):
     assert words in result.err and len(result.err.strip().splitlines()) == 1
 
 
+def test_auto_backend_benches_what_serve_runs_here(run_and_images, cli):
+    """`--backend auto` is the runtime `serve --backend auto` serves on here (OpenVINO, else ONNX Runtime,
+    on a CPU; eager on a GPU): the user who asks how fast the server's model is needs no other name."""
+    from inceptionlab.infer.runtimes import auto_backend
+
+    run_dir, _ = run_and_images
+    result = cli("bench", run_dir, "--backend", "auto,eager", "--precision", "fp32", "--batch", "1", *FAST_BENCH,
+                 "--no-plot", "--json")
+    assert result.code == 0, result.err
+    assert {row["backend"] for row in rows_of(result.out)} == {"eager", auto_backend("cpu", "image")}
+
+
 def test_nothing_measurable_is_an_error(run_and_images, cli):
     run_dir, _ = run_and_images
     result = cli("bench", run_dir, "--backend", "eager", "--precision", "int8", *FAST_BENCH, "--no-plot")
