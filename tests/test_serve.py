@@ -357,7 +357,7 @@ def test_exported_runtimes_answer_like_predict_at_every_batch_size(tiny, backend
 
 def test_auto_backend_is_the_fastest_cpu_runtime_installed():
     from inceptionlab.infer.runtimes import get_runtime
-    from inceptionlab.serve.models import auto_backend
+    from inceptionlab.infer.runtimes import auto_backend
 
     installed = [name for name in ("openvino", "onnxruntime") if get_runtime(name).missing() is None]
     assert auto_backend("cpu", "image") == (installed[0] if installed else "eager")

@@ -24,7 +24,8 @@ def bench(
     run: Optional[Path] = options.run_option(),
     model: Optional[str] = options.model_option(),
     weights: Optional[str] = options.weights_option(),
-    backend: str = typer.Option("eager", "--backend", help="Comma list: eager, compile, onnxruntime, openvino."),
+    backend: str = typer.Option("eager", "--backend", help="Comma list: eager, compile, onnxruntime, openvino; "
+                                "auto: the runtime `serve --backend auto` serves on here."),
     precision: str = typer.Option("auto", "--precision", help="Comma list: fp32, bf16, fp16, int8; auto: fp32 and "
                                                              "the reduced float precisions this device has units for."),
     layout: str = typer.Option("auto", "--layout", help="PyTorch backends: comma list of nchw, channels_last; "
@@ -81,7 +82,7 @@ def bench(
         BenchSettings, busy_warning, parse_batches, parse_list, plan, result_records, run_bench,
     )
     from inceptionlab.infer.runtimes import (
-        PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, check_provider_name, describe_runtimes,
+        PRECISIONS, RUNTIMES, TORCH_LAYOUTS, Target, auto_backend, check_provider_name, describe_runtimes,
     )
     from inceptionlab.infer.source import load_source
     from inceptionlab.runtime import environment, resolve_device
@@ -93,7 +94,9 @@ def bench(
     target = Target(str(resolve_device(device)), provider, tune)
     facts = hardware.device_facts(target.device)
     precisions = parse_list(precision, ("auto", *PRECISIONS), "--precision")
-    configs = plan(parse_list(backend, tuple(RUNTIMES), "--backend"), precisions,
+    backends = [auto_backend(target.device, "image") if name == "auto" else name
+                for name in parse_list(backend, (*RUNTIMES, "auto"), "--backend")]
+    configs = plan(list(dict.fromkeys(backends)), precisions,
                    parse_list(layout, ("auto", *TORCH_LAYOUTS), "--layout"), facts,
                    parse_list(tta, options.TTA_MODES, "--tta"))
     settings = BenchSettings(parse_batches(batch), iters, warmup, target, list(calib_images), list(holdout_images),

@@ -53,6 +53,7 @@ from inceptionlab.infer.runtimes import (
     Target,
     TorchSession,
     Unsupported,
+    auto_backend,
     get_runtime,
 )
 from inceptionlab.infer.source import load_source
@@ -109,15 +110,6 @@ class ModelLoadSettings:
     fresh: bool = False  # measure the serving plan afresh instead of reusing the speed cache
     slo_ms: float = hardware.DEFAULT_SLO_MS  # the p99 objective the plan is chosen for
     tta: str | None = None  # test-time augmentation (models/tta.py); None: the model spec's own
-
-
-def auto_backend(device: str, input_kind: str) -> str:
-    if input_kind != "image" or device != "cpu":
-        return "eager"
-    for name in ("openvino", "onnxruntime"):
-        if get_runtime(name).missing() is None:
-            return name
-    return "eager"
 
 
 @dataclass
