@@ -59,11 +59,16 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 
 def nll(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0) -> float:
     """Mean negative log-likelihood of softmax(logits / T) at the true labels."""
+    return float(np.mean(per_image_nll(logits, labels, temperature)))
+
+
+def per_image_nll(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Each image's negative log-likelihood of softmax(logits / T) at its true label."""
     logits, labels = _check(logits, labels)
     scaled = logits / temperature
     top = scaled.max(axis=1)
     log_norm = top + np.log(np.exp(scaled - top[:, None]).sum(axis=1))
-    return float(np.mean(log_norm - scaled[np.arange(len(labels)), labels]))
+    return log_norm - scaled[np.arange(len(labels)), labels]
 
 
 def _nll_slope(logits: np.ndarray, labels: np.ndarray, beta: float) -> tuple[float, float]:

@@ -22,7 +22,9 @@ from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json
-from inceptionlab.infer.calibrate import Calibration, RejectTarget, calibrate, calibration_error, nll, top1
+from inceptionlab.infer.calibrate import (
+    Calibration, RejectTarget, calibrate, calibration_error, nll, per_image_nll, top1,
+)
 from inceptionlab.infer.evaluate import Scores
 from inceptionlab.infer.predict import Predictor
 from inceptionlab.models.spec import ModelSpec
@@ -97,16 +99,32 @@ def decide(scores: Scores, spec: ModelSpec, *, fit: bool, target: RejectTarget |
     return result, rule
 
 
+# TTA is adopted when its per-image NLL gain is this many standard errors above zero (paired, on the
+# same images): a gain chance gives on a small split would multiply every later forward pass for nothing.
+TTA_GAIN_STANDARD_ERRORS = 2.0
+
+
 def adopted(scores: Scores, gain: dict[str, Any] | None) -> tuple[Scores, str | None]:
-    """The scores to fit the rule on: with TTA when it helped on these images (higher top-1, or the same
-    top-1 and a lower NLL), else without it (view 0 of the same pass), with a line saying why."""
+    """The scores to fit the rule on: with TTA when it helped on these images beyond their noise (top-1
+    not lower, and the per-image NLL lower by more than TTA_GAIN_STANDARD_ERRORS paired standard errors),
+    else without it (view 0 of the same pass), with a line saying why."""
     if gain is None:
         return scores, None
-    if gain["top1_gain"] > 0 or (gain["top1_gain"] == 0 and gain["nll_with"] < gain["nll_without"]):
+    if tta_helped(gain):
         return scores, None
     plain = Scores(scores.plain_logits, scores.targets, "none", None, scores.validation)
-    return plain, (f"test-time augmentation {scores.tta} not adopted: it did not help here (top-1 "
-                   f"{gain['top1_without']:.4f} -> {gain['top1_with']:.4f}); the rule is fitted without it")
+    if gain["top1_gain"] < 0 or gain["nll_gain"] <= 0:
+        why = f"it did not help here (top-1 {gain['top1_without']:.4f} -> {gain['top1_with']:.4f})"
+    else:
+        why = (f"its gain is within the noise of these {gain['images']} images (NLL {gain['nll_without']:.4f} -> "
+               f"{gain['nll_with']:.4f}: {gain['nll_gain']:.4f} +- {gain['nll_gain_se'] or float('nan'):.4f} per "
+               f"image, needs {TTA_GAIN_STANDARD_ERRORS:g} standard errors)")
+    return plain, f"test-time augmentation {scores.tta} not adopted: {why}; the rule is fitted without it"
+
+
+def tta_helped(gain: dict[str, Any]) -> bool:
+    spread = gain["nll_gain_se"]
+    return gain["top1_gain"] >= 0 and spread is not None and gain["nll_gain"] > TTA_GAIN_STANDARD_ERRORS * spread
 
 
 def tta_gain(scores: Scores) -> dict[str, Any] | None:
@@ -116,9 +134,13 @@ def tta_gain(scores: Scores) -> dict[str, Any] | None:
     plain_pred, _ = top1(scores.plain_logits)
     tta_pred, _ = top1(scores.logits)
     without, with_ = float((plain_pred == scores.targets).mean()), float((tta_pred == scores.targets).mean())
+    # Paired per-image NLL differences: each image is its own control.
+    gains = per_image_nll(scores.plain_logits, scores.targets) - per_image_nll(scores.logits, scores.targets)
+    spread = float(gains.std(ddof=1) / np.sqrt(len(gains))) if len(gains) > 1 else None  # one image: no spread
     return {"tta": scores.tta, "views": views_of(scores.tta), "images": int(len(scores.targets)),
             "top1_without": without, "top1_with": with_, "top1_gain": with_ - without,
             "nll_without": nll(scores.plain_logits, scores.targets), "nll_with": nll(scores.logits, scores.targets),
+            "nll_gain": float(gains.mean()), "nll_gain_se": spread,
             "ece_without": calibration_error(top1(scores.plain_logits)[1], plain_pred == scores.targets).ece,
             "ece_with": calibration_error(top1(scores.logits)[1], tta_pred == scores.targets).ece}
 
