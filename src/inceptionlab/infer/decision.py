@@ -116,9 +116,11 @@ def adopted(scores: Scores, gain: dict[str, Any] | None) -> tuple[Scores, str | 
     if gain["top1_gain"] < 0 or gain["nll_gain"] <= 0:
         why = f"it did not help here (top-1 {gain['top1_without']:.4f} -> {gain['top1_with']:.4f})"
     else:
+        spread = gain["nll_gain_se"]
+        spread_text = "(one image: no spread)" if spread is None else f"+- {spread:.4f}"
         why = (f"its gain is within the noise of these {gain['images']} images (NLL {gain['nll_without']:.4f} -> "
-               f"{gain['nll_with']:.4f}: {gain['nll_gain']:.4f} +- {gain['nll_gain_se'] or float('nan'):.4f} per "
-               f"image, needs {TTA_GAIN_STANDARD_ERRORS:g} standard errors)")
+               f"{gain['nll_with']:.4f}: {gain['nll_gain']:.4f} {spread_text} per image, needs "
+               f"{TTA_GAIN_STANDARD_ERRORS:g} standard errors)")
     return plain, f"test-time augmentation {scores.tta} not adopted: {why}; the rule is fitted without it"
 
 

@@ -31,7 +31,7 @@ from inceptionlab.fileio import atomic_write_json
 from inceptionlab.infer.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
 from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
-from inceptionlab.models.registry import load_pretrained_model, load_run_model
+from inceptionlab.models.registry import RANDOM_WEIGHTS, load_pretrained_model, load_run_model
 from inceptionlab.models.spec import ModelSpec
 
 
@@ -215,7 +215,7 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
             "split": root.name, "train_split": None, "tta": mode}
     rows = PerImage.collect(recorder, mapped, result["skipped"], meta)
     return Evaluation(spec, result, sorted(set(mapping)), rows, Scores.collect(rows, runner, mode, True), weights,
-                      "--weights" if Path(weights).suffix else f"{name}'s {weights} weights")
+                      f"{name}'s {weights} weights" if weights in ("imagenet", RANDOM_WEIGHTS) else "--weights")
 
 
 def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
