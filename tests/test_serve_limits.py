@@ -286,6 +286,33 @@ def test_the_planned_batch_size_does_not_limit_the_images_one_request_holds(tiny
     assert config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [1]
 
 
+def test_a_request_larger_than_the_plan_counts_as_the_batches_it_ran(tiny):
+    """A request of 3 images under a plan of batch 1 runs as three batch-1 executions (Engine.run): the
+    metrics say so (3 executions of 1 item, each with its share of the compute time), not one batch of 3,
+    which a plan of batch 1 never runs and which would show dynamic batching at work where there is none."""
+    served = serve_model(tiny[0], max_batch=None)
+    assert served.max_batch == 1
+    png = a_png(tiny)
+    files = [("file", (f"{i}.png", png, "image/png")) for i in range(3)]
+    app = create_app([served], RequestSettings())
+    with uvicorn_thread(app) as base:
+        answered = httpx.post(f"{base}/v1/classify", files=files, timeout=WAIT_S)
+        metrics = httpx.get(f"{base}/metrics", timeout=WAIT_S).text
+        statistics = httpx.get(f"{base}/v2/models/tiny/stats", timeout=WAIT_S).json()
+    assert answered.status_code == 200 and len(answered.json()["results"]) == 3
+
+    def sample(name: str) -> float:
+        (line,) = [line for line in metrics.splitlines() if line.startswith(name + "{")]
+        return float(line.rsplit(" ", 1)[1])
+
+    assert sample("inceptionlab_inferences_total") == 3
+    assert sample("inceptionlab_executions_total") == 3
+    assert sample("inceptionlab_batch_size_count") == 3 and sample("inceptionlab_batch_size_sum") == 3
+    assert sample("inceptionlab_compute_seconds_count") == 3
+    (model_stats,) = statistics["model_stats"]
+    assert model_stats["execution_count"] == 3 and model_stats["inference_count"] == 3
+
+
 @pytest.mark.parametrize("route", ["multipart", "oip"])
 def test_a_request_over_the_pixel_budget_is_refused_before_decoding(tiny, route):
     counting = CountingDecodes(tiny[2])
