@@ -58,6 +58,15 @@ class BatchStats:
     items: int
     queue_seconds: list[float]
     compute_seconds: float
+    max_batch: int | None = None  # the plan's batch; None: the items ran as one execution
+
+    def executions(self) -> list[int]:
+        """Items of each execution: a lone request larger than the plan's batch runs as consecutive full
+        batches (serve.models.Engine.run), so a plan of batch 1 answers 3 images with 3 executions of 1."""
+        if not self.max_batch or self.items <= self.max_batch:
+            return [self.items]
+        full, rest = divmod(self.items, self.max_batch)
+        return [self.max_batch] * full + ([rest] if rest else [])
 
 
 # run(instance, items) -> one result per item (its slice of the batch output)
@@ -167,7 +176,7 @@ class DynamicBatcher:
                 self.executing -= len(batch)
                 self._note_idle()
             self.on_batch(BatchStats(len(batch), sum(e.count for e in batch),
-                                     [started - e.arrived for e in batch], compute))
+                                     [started - e.arrived for e in batch], compute, self.max_batch))
 
     async def _next_batch(self) -> list[_Entry]:
         """Wait for a request, then up to max_delay (from its arrival) for more to fill the batch."""

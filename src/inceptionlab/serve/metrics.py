@@ -69,9 +69,11 @@ class ServeMetrics:
     def on_batch(self, name: str) -> Callable[[BatchStats], None]:
         def record(stats: BatchStats) -> None:
             self.inferences.labels(name).inc(stats.items)
-            self.executions.labels(name).inc()
-            self.batch_size.labels(name).observe(stats.items)
-            self.compute_time.labels(name).observe(stats.compute_seconds)
+            executions = stats.executions()
+            self.executions.labels(name).inc(len(executions))
+            for items in executions:  # consecutive batches of one request: each its share of the time
+                self.batch_size.labels(name).observe(items)
+                self.compute_time.labels(name).observe(stats.compute_seconds / len(executions))
             self.request_compute.labels(name).inc(stats.compute_seconds * stats.requests)
             self.last_inference.labels(name).set_to_current_time()
             for wait in stats.queue_seconds:
