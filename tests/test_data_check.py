@@ -200,3 +200,20 @@ def test_train_gets_one_warning_line_from_the_cheap_checks(tmp_path):
     assert data_warning(recipe.data) is not None and "fewer than 5" in data_warning(recipe.data)
     clean = clean_dataset(tmp_path / "clean", train=6, val=2)
     assert data_warning(load_recipe("inception_v3/imagefolder", [f"data.root={clean}"]).data) is None
+
+
+@pytest.mark.parametrize("layout", ["splits", "single"])
+def test_files_that_are_not_read_as_images_are_named(tmp_path, layout):
+    """A notes file in a class folder is left out of training: the check says which files were left out,
+    in both layouts (split folders, and one folder of class folders split at training)."""
+    root = clean_dataset(tmp_path / "data", train=4, val=2 if layout == "splits" else 0)
+    if layout == "single":
+        for name in ("cat", "dog", "fox"):
+            (root / "train" / name).rename(root / name)
+        shutil.rmtree(root / "train")
+    notes = (root / "train" / "cat" if layout == "splits" else root / "cat") / "notes.txt"
+    notes.write_text("shot on the beach")
+    findings = {f.check: f for f in quick_check(root)}
+    ignored = findings["not_images"]
+    assert ignored.severity == "info" and ignored.message == "1 file(s) in class folders are not read as images"
+    assert ignored.files == [str(notes.relative_to(root))]

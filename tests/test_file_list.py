@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -116,3 +117,18 @@ def test_a_labels_csv_trains_with_its_own_split_column(tmp_path, cli):
     assert result.code == 0, result.err
     run_dir = Path(json.loads(result.out.strip().splitlines()[-1])["run_dir"])
     assert Counter(read_splits(run_dir / "splits.csv").values()) == {"train": 18, "val": 6}
+
+
+def test_a_folder_without_val_says_which_files_it_left_out(tmp_path):
+    """One folder of class folders (split at training) names the files it does not read, as split folders do:
+    a notes file, and an image sitting in no class folder."""
+    from inceptionlab.data.readers import read_splits
+    from inceptionlab.models.registry import resolve_data_config
+
+    photos = flat_folder(tmp_path)
+    (photos / "cat" / "notes.txt").write_text("shot on the beach")
+    shutil.copy(photos / "cat" / "cat_0.png", photos / "loose.png")
+    recipe = load_recipe("inception_v3/imagefolder", [*SETTINGS, f"data.root={photos}"])
+    notes = read_splits(resolve_data_config(recipe.data, recipe.model.name)).notes
+    assert any(n.startswith("ignored 1 non-image file(s), e.g. ") and n.endswith("notes.txt") for n in notes), notes
+    assert any(n.startswith(f"ignored 1 image(s) directly in {photos}/, not in a class folder") for n in notes), notes

@@ -14,7 +14,7 @@ from PIL import Image
 
 from conftest import shared_data
 from inceptionlab.data.io.decode import ImageReadError, decode_rgb, load_rgb
-from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS, expand_image_paths
+from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS, counts_as_image, expand_image_paths
 from inceptionlab.errors import UserError
 
 WHITE = (255, 255, 255)
@@ -437,3 +437,55 @@ def test_real_photos_load_as_rgb():
         assert small.mode == "RGB"
         assert min(small.size) >= min(128, *image.size)
         assert small.width <= image.width and small.height <= image.height
+
+
+# ---------------------------------------------------------------------------------------------
+# Phone and web formats: HEIC (iPhones' default), AVIF, .jfif (a JPEG as browsers save it)
+
+# An ISO-BMFF header as an iPhone's HEIC starts: a box `ftyp` of major brand `heic`. PIL does not
+# identify it without the pillow-heif plugin.
+HEIC_HEADER = b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64)
+
+
+@pytest.mark.parametrize("name", ["IMG_0001.HEIC", "IMG_0002.heic", "edit.heif", "web.avif", "W.AVIF", "saved.jfif"])
+def test_phone_and_web_photo_formats_count_as_images(name):
+    """A folder of iPhone photos (HEIC) or browser downloads (AVIF, .jfif) must not be skipped as
+    "not images": they are the user's photos, read or refused with a reason, never silently left out."""
+    assert counts_as_image(name)
+
+
+def test_an_avif_photo_loads(tmp_path):
+    from PIL import features
+
+    if not features.check("avif"):
+        pytest.skip(f"this Pillow ({Image.__version__}) was built without AVIF (Pillow >= 11.3 wheels have it)")
+    image = Image.new("RGB", (40, 30), RED)
+    loaded = load_rgb(saved(image, tmp_path / "web.avif", quality=95))
+    assert loaded.size == (40, 30) and np.abs(pixels(loaded) - RED).max() <= 8
+
+
+def test_a_heic_photo_loads_with_pillow_heif(tmp_path):
+    pillow_heif = pytest.importorskip("pillow_heif", reason="pillow-heif (the `heif` extra) is not installed")
+    path = tmp_path / "IMG_0001.HEIC"
+    pillow_heif.from_pillow(Image.new("RGB", (48, 32), RED)).save(path, quality=95)
+    loaded = load_rgb(path)
+    assert loaded.size == (48, 32) and np.abs(pixels(loaded) - RED).max() <= 8
+    served = decode_rgb(path.read_bytes(), "upload")  # the server's uploads have no file name to go by
+    assert served.size == (48, 32)
+
+
+def test_a_heic_photo_without_the_plugin_names_the_fix(tmp_path):
+    """Without pillow-heif (blocked in a fresh interpreter: registering a PIL plugin is for the whole
+    process), a HEIC photo is refused with the one line that says how to read it."""
+    import subprocess
+
+    path = tmp_path / "IMG_0001.HEIC"
+    path.write_bytes(HEIC_HEADER)
+    script = ("import sys; sys.modules['pillow_heif'] = None\n"
+              "from inceptionlab.data.io.decode import ImageReadError, load_rgb\n"
+              "try:\n    load_rgb(sys.argv[1])\nexcept ImageReadError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
+    assert str(path) in message and "HEIC" in message and "pip install 'inceptionlab[heif]'" in message
+    assert "\n" not in message
