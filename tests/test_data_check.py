@@ -217,3 +217,17 @@ def test_files_that_are_not_read_as_images_are_named(tmp_path, layout):
     ignored = findings["not_images"]
     assert ignored.severity == "info" and ignored.message == "1 file(s) in class folders are not read as images"
     assert ignored.files == [str(notes.relative_to(root))]
+
+
+def test_iphone_photos_are_checked_like_any_image(tmp_path):
+    """HEIC photos in a class folder are read by the check as training reads them (pillow-heif), hashed
+    and compared: a copy of one in val/ is leakage, not two undecodable files."""
+    pillow_heif = pytest.importorskip("pillow_heif", reason="pillow-heif (the `heif` extra) is not installed")
+    root = clean_dataset(tmp_path / "data", train=4, val=2)
+    photo = smooth_image(np.random.default_rng(9), size=96)
+    for split in ("train", "val"):
+        pillow_heif.from_pillow(photo).save(root / split / "cat" / "IMG_0001.HEIC", quality=90)
+    report = check_data(root, workers=0)
+    found = by_check(report)
+    assert "undecodable" not in found
+    assert {"train/cat/IMG_0001.HEIC", "val/cat/IMG_0001.HEIC"} <= files_in(found["leakage"][0])
