@@ -29,6 +29,7 @@ from inceptionlab.data.datasets.file_list import (
 from inceptionlab.data.datasets.imdb import CLASS_NAMES, download_imdb, load_imdb
 from inceptionlab.data.datasets.mnist import load_idx_split
 from inceptionlab.data.datasets.tiny_imagenet import read_class_names
+from inceptionlab.data.io.image_files import left_out_notes
 from inceptionlab.data.splits import ArraySplit
 from inceptionlab.data.splits import SplitPair
 from inceptionlab.data.text.child_reader import read_standardized_in_worker
@@ -46,28 +47,30 @@ def _data_root(cfg: DataConfig) -> Path:
     return Path(cfg.root).expanduser()
 
 
-def _file_rows(cfg: DataConfig, root: Path) -> tuple[list[LabelRow], str | None] | None:
+def _file_rows(cfg: DataConfig, root: Path) -> tuple[list[LabelRow], list[str]] | None:
     """The split as label rows when the data is not train/ + val/ class folders (file_list.py): a run's
     recorded split, a labels CSV, or one folder of class folders (train/ alone, or the root itself);
-    None for split folders. The second item is a note on how the split was made."""
+    None for split folders. The second item: notes on how the split was made and what was left out."""
     if cfg.split_file:
-        return read_splits_file(Path(cfg.split_file), root), None
+        return read_splits_file(Path(cfg.split_file), root), []
+    notes: list[str] = []
     if cfg.labels_csv:
         rows, where = read_labels_csv(Path(cfg.labels_csv).expanduser()), f"{cfg.labels_csv}"
     elif (root / cfg.val_split).is_dir():
         return None
-    elif (root / cfg.train_split).is_dir():
-        rows, where = rows_of(list_class_folder(root / cfg.train_split)), f"{root / cfg.train_split} (no {cfg.val_split}/)"
     elif root.is_dir():
-        rows, where = rows_of(list_class_folder(root)), f"{root} (no {cfg.train_split}/ or {cfg.val_split}/)"
+        folder = list_class_folder(root / cfg.train_split if (root / cfg.train_split).is_dir() else root)
+        rows, notes = rows_of(folder), left_out_notes(folder.root, folder.ignored, folder.loose)
+        where = (f"{folder.root} (no {cfg.val_split}/)" if folder.root != root
+                 else f"{root} (no {cfg.train_split}/ or {cfg.val_split}/)")
     else:
         return None  # a missing folder: the class-folder reader says so
     if all(row.split for row in rows):
-        return rows, None
+        return rows, notes
     fraction = cfg.val_fraction or DEFAULT_VAL_FRACTION
     note = (f"split {where} per class: {fraction:.0%} validation, seed {cfg.split_seed}; recorded in the run's "
             f"{SPLITS_FILE}")
-    return stratified_split(rows, fraction, cfg.split_seed), note
+    return stratified_split(rows, fraction, cfg.split_seed), [note, *notes]
 
 
 def _tiny_imagenet_root(cfg: DataConfig) -> Path:

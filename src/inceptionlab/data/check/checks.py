@@ -23,6 +23,7 @@ import numpy as np
 
 from inceptionlab.data.check.listing import DataListing, SplitListing
 from inceptionlab.data.check.scan import FileFacts
+from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS
 
 NEAR_PHASH = 6  # bits of 64
 NEAR_DHASH = 10
@@ -69,6 +70,11 @@ def layout_findings(listing: DataListing) -> list[Finding]:
                                f"{len(split.loose)} image(s) directly in {relative(str(split.root), root)}/, in no class folder",
                                f"move them into {relative(str(split.root), root)}/<class>/, or they are not used",
                                [relative(p, root) for p in split.loose]))
+        if split.ignored:
+            out.append(Finding("not_images", "info", f"{len(split.ignored)} file(s) in class folders are not read as images",
+                               "nothing to do for notes and sidecar files; a picture among them must be converted to "
+                               f"one of {', '.join(IMAGE_EXTENSIONS)} to be used",
+                               [relative(p, root) for p in split.ignored]))
         counts = Counter(label for _, label in split.samples)
         empty = [c for i, c in enumerate(split.classes) if counts[i] == 0]
         if empty:

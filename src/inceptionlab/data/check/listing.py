@@ -28,6 +28,7 @@ class SplitListing:
     classes: list[str] = field(default_factory=list)  # sorted; index = label; [] for an unlabelled split
     samples: list[tuple[str, int]] = field(default_factory=list)  # (file, label); label -1: unlabelled
     loose: list[str] = field(default_factory=list)  # images directly in the split folder, in no class folder
+    ignored: list[str] = field(default_factory=list)  # files in class folders without an image extension
 
     @property
     def files(self) -> list[str]:
@@ -49,7 +50,7 @@ class DataListing:
 def list_split(name: str, root: Path) -> SplitListing:
     """A split folder by the rule training reads class folders by (file_list.list_class_folder)."""
     folder = list_class_folder(root)
-    return SplitListing(name, Path(root), folder.classes, folder.samples, folder.loose)
+    return SplitListing(name, Path(root), folder.classes, folder.samples, folder.loose, folder.ignored)
 
 
 def list_dataset(root: Path, labels_csv: Path | None = None) -> DataListing:
@@ -74,7 +75,8 @@ def _unlabelled_if_flat(split: SplitListing, train: SplitListing) -> SplitListin
     (Tiny ImageNet's test/, and its val/ before `inceptionlab data tiny-imagenet` sorts it by class)."""
     if split is train or split.classes != ["images"] or len(train.classes) < 2:
         return split
-    return SplitListing(split.name, split.root, [], [(path, -1) for path, _ in split.samples], split.loose)
+    return SplitListing(split.name, split.root, [], [(path, -1) for path, _ in split.samples], split.loose,
+                        split.ignored)
 
 
 def _from_csv(path: Path) -> DataListing:

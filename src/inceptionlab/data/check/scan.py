@@ -16,10 +16,13 @@ import hashlib
 import io
 import multiprocessing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from inceptionlab.data.io.decode import ImageReadError, open_image
 
 DRAFT_SIDE = 64  # px: JPEGs are decoded at the smallest DCT scale still >= this (hashes use 32 x 32)
 CHUNK = 64  # files per task sent to a worker: amortises the pool's per-task cost (~0.1 ms)
@@ -69,7 +72,7 @@ def scan_file(path: str, hashes: bool = True) -> FileFacts:
         facts.error = "empty file (0 bytes)"
         return facts
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with open_image(io.BytesIO(data), Path(path)) as image:
             facts.format, facts.mode, (facts.width, facts.height) = image.format, image.mode, image.size
             if image.format == "JPEG":
                 image.draft("RGB" if image.mode not in ("L", "CMYK") else image.mode, (DRAFT_SIDE, DRAFT_SIDE))
@@ -80,6 +83,8 @@ def scan_file(path: str, hashes: bool = True) -> FileFacts:
                 import imagehash  # the check extra; imported once per worker process
 
                 facts.phash, facts.dhash = _hash_int(imagehash.phash(grey)), _hash_int(imagehash.dhash(grey))
+    except ImageReadError as exc:  # a format this installation cannot read: the problem says what would
+        facts.error = exc.problem
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         facts.error = _decode_error(exc)
     return facts

@@ -42,6 +42,7 @@ class ClassFolder:
     classes: list[str]  # NFC names, sorted; index = label
     samples: list[tuple[str, int]]  # (file, label), each class's files sorted
     loose: list[str]  # images directly in root, in no class folder
+    ignored: list[str]  # visible files without an image extension (notes, raw files): not read
 
 
 def list_class_folder(root: Path) -> ClassFolder:
@@ -50,7 +51,7 @@ def list_class_folder(root: Path) -> ClassFolder:
     once), class names are Unicode NFC, an image is a visible file with an image extension. Empty class
     folders are kept (with no samples): a check reports them, a reader refuses them."""
     listing = list_class_folders(Path(root), strict=False)
-    return ClassFolder(listing.root, listing.classes, listing.samples, listing.loose)
+    return ClassFolder(listing.root, listing.classes, listing.samples, listing.loose, listing.ignored)
 
 
 @dataclass(frozen=True)

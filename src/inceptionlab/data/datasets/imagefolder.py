@@ -21,7 +21,7 @@ from torchvision.datasets import ImageFolder, VisionDataset
 
 from inceptionlab.data.datasets.file_list import SPLITS_FILE, LabelRow, splits_writer
 from inceptionlab.data.io.decode import ImageReadError, UnreadableFile, load_rgb
-from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS, ClassFolders, list_class_folders
+from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS, ClassFolders, left_out_notes, list_class_folders
 from inceptionlab.data.splits import SplitPair
 from inceptionlab.errors import UserError
 
@@ -74,16 +74,9 @@ def image_folder_splits(root: Path, train_split: str, val_split: str, train_tf: 
     train = RobustImageFolder(root / train_split, transform=train_tf, max_side=max_sides[0])
     val = RobustImageFolder(root / val_split, transform=val_tf, max_side=max_sides[1])
     check_same_classes(root / train_split, train.classes, root / val_split, val.classes)
-    notes = []
-    ignored = len(train.ignored_files) + len(val.ignored_files)
-    if ignored:
-        example = (train.ignored_files + val.ignored_files)[0]
-        notes.append(f"ignored {ignored} non-image file(s), e.g. {example}")
+    notes = left_out_notes(root, train.ignored_files + val.ignored_files, [])
     for split in (train, val):
-        loose = split.listing.loose
-        if loose:
-            notes.append(f"ignored {len(loose)} image(s) directly in {split.root}/, not in a class folder, "
-                         f"e.g. {Path(loose[0]).name}: move them into {split.root}/<class>/ to use them")
+        notes += left_out_notes(Path(split.root), [], split.listing.loose)
     return SplitPair(train, val, list(train.classes), None, notes)
 
 
@@ -103,7 +96,7 @@ class LabelledFiles(RobustImageFolder):
         self.imgs, self.targets = self.samples, [label for _, label in self.samples]
 
 
-def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf: Any, note: str | None = None,
+def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf: Any, notes: list[str] | None = None,
                          max_sides: tuple[int | None, int | None] = (None, None)) -> SplitPair:
     """Train and val datasets from rows whose `split` says which; the rows are recorded with the run."""
     classes = sorted({row.label for row in rows})
@@ -122,6 +115,6 @@ def labelled_file_splits(rows: list[LabelRow], root: Path, train_tf: Any, val_tf
     val = LabelledFiles(parts["val"], classes, Path(root) / "val", val_tf, max_sides[1])
     test_rows = [r for r in rows if r.split == "test"]
     test = LabelledFiles(test_rows, classes, Path(root) / "test", val_tf, max_sides[1]) if test_rows else None
-    pair = SplitPair(train, val, classes, None, [note] if note else [], test=test)
+    pair = SplitPair(train, val, classes, None, list(notes or []), test=test)
     pair.artifacts[SPLITS_FILE] = splits_writer(rows, Path(root))
     return pair

@@ -3,7 +3,9 @@
 `load_rgb` is the single entry point for `inceptionlab predict` and the training datasets, so
 every quirk of real-world files is handled here once: odd pixel modes (palette, alpha, CMYK,
 16-bit, float, 1-bit), phone photos stored sideways with an EXIF orientation tag, truncated
-downloads, text files with an image extension, and images too large to decode safely.
+downloads, text files with an image extension, images too large to decode safely, and the formats
+phones and browsers save in (HEIC/HEIF with pillow-heif, AVIF with Pillow >= 11.3; without them
+the error says what to install).
 `decode_rgb` does the same for bytes already in memory (an upload to the server).
 
 Which files count as images, and how folders are walked for them, is `image_files.py`'s.
@@ -15,15 +17,17 @@ import io
 import os
 import re
 import struct
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+import PIL
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from inceptionlab.errors import UserError
 
-__all__ = ["ImageReadError", "UnreadableFile", "decode_rgb", "load_rgb"]
+__all__ = ["ImageReadError", "UnreadableFile", "decode_rgb", "load_rgb", "open_image"]
 
 # Transparent pixels are composited onto white: logos, icons and product shots with alpha are
 # drawn to be seen on a white page, and the RGB hidden under alpha=0 is often black or junk.
@@ -34,6 +38,13 @@ BACKGROUND = (255, 255, 255)
 # field values (ValueError). UnidentifiedImageError is an OSError, so it is caught before these.
 _CORRUPT_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error)
 
+
+# Major brands of the ISO base media files (bytes 8-12, after the box type `ftyp` at 4-8) that hold
+# HEIF stills and sequences (an iPhone's HEIC is `heic`) and AVIF. PIL identifies HEIF only once
+# pillow-heif registers its opener, and AVIF from Pillow 11.3 (built with libavif).
+_HEIF_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1"})
+_AVIF_BRANDS = frozenset({b"avif", b"avis"})
+HEIF_INSTALL = "pip install 'inceptionlab[heif]'"
 
 # Spelled out: testing for an "A" band would also match LAB (bands L, A, B).
 _ALPHA_MODES = ("RGBA", "RGBa", "LA", "La", "PA")
@@ -140,7 +151,7 @@ def _decode(fp: BinaryIO, path: Path, max_side: int | None, max_pixels: int | No
         # Between MAX_IMAGE_PIXELS and twice that PIL only warns (such images are fine to classify);
         # the CLI silences that warning once for its process (cli/app.py quiet_image_warnings): a
         # filter swapped per call here would race between the server's decoding threads.
-        image = Image.open(fp)
+        image = open_image(fp, path)
         width, height = image.size
         if max_pixels is not None and width * height > max_pixels:
             raise _error(path, f"{width} x {height} pixels is above the {max_pixels:,}-pixel limit",
@@ -161,6 +172,54 @@ def _decode(fp: BinaryIO, path: Path, max_side: int | None, max_pixels: int | No
         problem = f"image data is truncated or corrupt ({_one_line(exc)})"
         raise _error(path, problem, "re-download or re-export it") from exc
     return image
+
+
+def open_image(fp: BinaryIO, path: Path) -> Image.Image:
+    """Image.open (lazy: header only), and for a HEIF file PIL does not know yet, again with pillow-heif's
+    opener; a HEIF or AVIF file this installation cannot read is an ImageReadError whose `problem` says
+    what would read it. Other files raise as Image.open does. Every reader of image files opens them here
+    (load_rgb, decode_rgb, the data check's scan), so a format is read everywhere or nowhere."""
+    try:
+        return Image.open(fp)
+    except UnidentifiedImageError:
+        brand = _iso_brand(fp)
+        if brand in _HEIF_BRANDS:
+            if not _heif_registered():
+                raise _error(path, f"a HEIC/HEIF photo, which needs pillow-heif ({HEIF_INSTALL})",
+                             "or convert it to JPEG") from None
+            fp.seek(0)
+            return Image.open(fp)
+        if brand in _AVIF_BRANDS:
+            raise _error(path, f"an AVIF image, which needs Pillow >= 11.3 (this is {PIL.__version__}: "
+                               "pip install -U pillow)", "or convert it to JPEG") from None
+        raise
+
+
+def _iso_brand(fp: BinaryIO) -> bytes | None:
+    """The major brand of an ISO base media file (HEIF, AVIF, MP4), None for any other file."""
+    fp.seek(0)
+    head = fp.read(12)
+    return head[8:12] if len(head) == 12 and head[4:8] == b"ftyp" else None
+
+
+_heif_lock = threading.Lock()
+_heif_state: list[bool] = []  # [] until the first HEIF file; then whether pillow-heif's opener is registered
+
+
+def _heif_registered() -> bool:
+    """Register pillow-heif's opener with PIL, once, on the first HEIF file: importing it (22 ms after PIL on a
+    2-core AMD EPYC) is left to the runs that meet one. PIL's registry is the process's, so the server's
+    decoding threads take the lock."""
+    with _heif_lock:
+        if not _heif_state:
+            try:
+                import pillow_heif  # optional extra (heif)
+            except ImportError:
+                _heif_state.append(False)
+            else:
+                pillow_heif.register_heif_opener()
+                _heif_state.append(True)
+        return _heif_state[0]
 
 
 def _apply_exif_orientation(image: Image.Image) -> Image.Image:

@@ -30,7 +30,7 @@ from pathlib import Path
 from inceptionlab.errors import UserError
 
 __all__ = ["IMAGE_EXTENSIONS", "SAMPLE_IMAGES_ENV", "ClassFolders", "class_name", "counts_as_image", "expand_image_paths",
-           "images_under", "is_hidden", "list_class_folders", "sample_image_dir", "sample_image_files"]
+           "images_under", "is_hidden", "left_out_notes", "list_class_folders", "sample_image_dir", "sample_image_files"]
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -43,6 +43,12 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".tiff",
     ".ppm",
     ".pgm",
+    # Phones and browsers: HEIC/HEIF is an iPhone's default (read with pillow-heif, the `heif` extra;
+    # refused naming it without), AVIF is read by Pillow >= 11.3, .jfif is a JPEG as browsers save it.
+    ".heic",
+    ".heif",
+    ".avif",
+    ".jfif",
 )
 
 # Photos of ImageNet classes shipped with the package (resources/sample_images/PROVENANCE.md), so the
@@ -90,6 +96,18 @@ class ClassFolders:
     samples: list[tuple[str, int]] = field(default_factory=list)  # (path, label), each class's files sorted
     ignored: list[str] = field(default_factory=list)  # visible files without an image extension
     loose: list[str] = field(default_factory=list)  # images directly in root, in no class folder
+
+
+def left_out_notes(root: Path, ignored: list[str], loose: list[str]) -> list[str]:
+    """What a reader of the class folders under `root` says it did not read: visible files without an
+    image extension, and images directly in `root`, in no class folder."""
+    notes = []
+    if ignored:
+        notes.append(f"ignored {len(ignored)} non-image file(s), e.g. {ignored[0]}")
+    if loose:
+        notes.append(f"ignored {len(loose)} image(s) directly in {root}/, not in a class folder, "
+                     f"e.g. {Path(loose[0]).name}: move them into {root}/<class>/ to use them")
+    return notes
 
 
 def images_under(folder: Path) -> list[Path]:
