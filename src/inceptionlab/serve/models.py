@@ -30,11 +30,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
 
 from inceptionlab import hardware
 from inceptionlab.checkpoint import RunDir
-from inceptionlab.data.io.decode import decode_rgb
+from inceptionlab.data.io.decode import decode_rgb, open_image
 from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.infer.batching import batch_buckets
@@ -347,7 +346,7 @@ def _decoded_pixels(data: bytes, max_side: int) -> int:
     """How many pixels decoding `data` produces (decode_rgb drafts JPEGs down to `max_side`), read from
     the header (Image.open is lazy; draft only picks the JPEG decoder's scale); 0 when PIL cannot tell."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with open_image(io.BytesIO(data), Path("upload")) as image:  # HEIC too, as decode_rgb opens it
             image.draft("RGB", (max_side, max_side))
             width, height = image.size
     except Exception:  # noqa: BLE001 - not an image: decode_rgb says so, per file

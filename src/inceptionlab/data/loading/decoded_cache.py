@@ -37,11 +37,10 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from inceptionlab.data.io.decode import ImageReadError, UnreadableFile, load_rgb
+from inceptionlab.data.io.decode import ImageReadError, UnreadableFile, load_rgb, open_image
 from inceptionlab.data.loading.shared_memory import fit_workers
 from inceptionlab.data.transforms.device import stored
 from inceptionlab.fileio import atomic_torch_save, atomic_write_json
-from PIL import Image
 
 CACHE_VERSION = 3  # 2: the shorter side kept at cache_size (1 fitted the longer side), portraits stored turned;
 # 3: unreadable files stored with their reason
@@ -238,7 +237,7 @@ def stored_canvas(samples: list[tuple[str, int]], cache_size: int) -> tuple[int,
     largest_short = largest_long = 1
     for path, _ in samples[::step]:
         try:
-            with Image.open(path) as image:
+            with open(path, "rb") as handle, open_image(handle, Path(path)) as image:  # as load_rgb opens it
                 width, height = kept_size(*image.size, cache_size)
         except Exception:  # noqa: BLE001 - an unreadable file is counted when decoding
             continue
