@@ -109,3 +109,21 @@ def test_json_answers_come_in_the_order_of_the_inputs(inception_hub, sample_phot
     rows = parse_lines(result.out)
     assert [r["file"] for r in rows] == [str(p) for p in inputs]
     assert ["topk" in r for r in rows] == [True, False, True, False, True]
+
+
+def test_a_run_directory_given_first_is_the_model_as_in_evaluate_and_serve(trained_run, cli):
+    """`evaluate RUN`, `export RUN` and `serve RUN` take the run first; `predict RUN photos/` must not
+    classify the run's own plots with the pretrained ImageNet model (and fail for want of its weights)."""
+    run_dir, data = trained_run
+    result = cli("predict", run_dir, data / "val", "--json", "--topk", "2")
+    assert result.code == 0, result.err
+    rows = parse_lines(result.out)
+    assert len(rows) == 9 and all(str(data / "val") in r["file"] for r in rows)
+    assert {t["label"] for r in rows for t in r["topk"]} <= {"cat", "dog", "fox"}
+
+
+def test_a_run_directory_among_the_images_with_run_given_is_refused(trained_run, cli):
+    run_dir, data = trained_run
+    result = cli("predict", "--run", run_dir, data / "val", run_dir)
+    assert result.code == 2 and result.out == ""
+    assert f"{run_dir} is a run directory, not images to classify" in result.err
