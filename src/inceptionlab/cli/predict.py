@@ -44,6 +44,8 @@ def predict(
 
       inceptionlab predict val/ --run runs/inception_v3/tiny_imagenet/20261122-101500
 
+      inceptionlab predict runs/inception_v3/imagefolder/20261122-101500 photos/   # the run first: the same
+
       inceptionlab predict --run runs/imdb/text_classifier/20261122-101500 --text "The movie was great!"
 
       inceptionlab predict dog.jpg --explain cams/       # + cams/dog.cam.png (Grad-CAM of the top class)
@@ -58,6 +60,7 @@ def predict(
     if text or text_file:
         _predict_texts(run, text, text_file, device, as_json)
         return
+    run, inputs = _run_given_first(run, model, list(inputs or []))
     if not inputs:
         raise UserError("give image files or folders, or --text / --text-file with a text run")
     if run is not None and model is not None:
@@ -109,6 +112,23 @@ def _predict_texts(run: Optional[Path], texts: List[str], files: List[Path], dev
         else:
             shown = result["text"] if len(result["text"]) <= 70 else result["text"][:67] + "..."
             print(f"{result['label']:<8} P(positive)={result['probability']:.3f}  {shown}")
+
+
+def _run_given_first(run: Optional[Path], model: Optional[str], inputs: list[Path]) -> tuple[Optional[Path], list[Path]]:
+    """`predict RUN photos/` as `evaluate RUN` and `serve RUN` take it: a first input that is a run directory
+    is the model when neither --run nor --model names one. A run directory anywhere else among the inputs
+    is refused: classifying its plots is never what was meant."""
+    if inputs and run is None and model is None and _is_run_dir(inputs[0]):
+        run, inputs = inputs[0], inputs[1:]
+    for path in inputs:
+        if _is_run_dir(path):
+            raise UserError(f"{path} is a run directory, not images to classify; give it as the model "
+                            f"(--run {path}, or first: predict {path} IMAGES...) and the images after it")
+    return run, inputs
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (Path(path) / "spec.json").is_file()  # what RunDir.open takes for a run
 
 
 def _format(result: dict) -> str:
