@@ -211,3 +211,13 @@ def test_a_text_run_is_refused_with_a_pointer(tmp_path, cli):
     ModelSpec("imdb_text", 2, ["neg", "pos"], input_kind="tokens").save(run / "spec.json")
     result = cli("export", run)
     assert result.code == 2 and "takes tokens, not images" in result.err and "exports/text/" in result.err
+
+
+def test_out_with_a_run_is_refused_not_ignored(small_run, tmp_path, cli):
+    """A run's export goes to RUN/exports/ (serve and bench find it there); `--out` is for --model. Given with
+    a run it was silently ignored: the user looked for the file where they asked for it."""
+    elsewhere = tmp_path / "elsewhere"
+    result = cli("export", small_run, "--out", elsewhere)
+    assert result.code == 2 and not elsewhere.exists()
+    assert "--out" in result.err and f"{small_run}/exports/" in result.err
+    assert len(result.err.strip().splitlines()) == 1

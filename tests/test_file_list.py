@@ -132,3 +132,27 @@ def test_a_folder_without_val_says_which_files_it_left_out(tmp_path):
     notes = read_splits(resolve_data_config(recipe.data, recipe.model.name)).notes
     assert any(n.startswith("ignored 1 non-image file(s), e.g. ") and n.endswith("notes.txt") for n in notes), notes
     assert any(n.startswith(f"ignored 1 image(s) directly in {photos}/, not in a class folder") for n in notes), notes
+
+
+def test_a_folder_too_small_to_split_says_so_in_its_own_terms(tmp_path, cli):
+    """Classes of one image each leave nothing for validation: the error says that, not the labels CSV's
+    advice about a split column the user never wrote."""
+    image = flat_folder(tmp_path / "src") / "cat" / "cat_0.png"
+    photos = tmp_path / "photos"
+    for name in ("cat", "dog"):
+        (photos / name).mkdir(parents=True)
+        shutil.copy(image, photos / name / "one.png")
+    result = cli("train", "inception_v3/imagefolder", "--data", photos, "--out", tmp_path / "runs", "--no-progress",
+                 *[x for s in SETTINGS for x in ("--set", s)])
+    assert result.code == 2 and not (tmp_path / "runs").exists()
+    error = result.err.strip().splitlines()[-1]
+    assert "labels" not in error and "split column" not in error
+    assert f"{photos}" in error and "no image left for validation" in error and "at least 2 images" in error
+
+
+def test_data_that_is_a_file_is_refused_naming_it(tmp_path, cli):
+    photo = flat_folder(tmp_path) / "cat" / "cat_0.png"
+    result = cli("train", "inception_v3/imagefolder", "--data", photo, "--out", tmp_path / "runs", "--no-progress")
+    assert result.code == 2
+    assert result.err.strip().splitlines()[-1] == (f"error: {photo}: not a folder; pass --data DIR, a folder of class "
+                                                   "folders (or with train/ and val/ class folders)")
