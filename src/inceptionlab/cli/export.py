@@ -21,7 +21,9 @@ def export(
     opset: int = typer.Option(DEFAULT_OPSET, "--opset", help=f"ONNX opset ({MIN_OPSET} or newer)."),
     dynamic_batch: bool = typer.Option(True, "--dynamic-batch/--static-batch",
                                        help="Dynamic batch axis (default) or fixed batch 1."),
-    out: Path = typer.Option(Path("runs/exports"), "--out", help="--model: exports go to OUT/<name>/."),
+    out: Optional[Path] = typer.Option(None, "--out", help="--model: exports go to OUT/<name>/ (default: "
+                                       "runs/exports). A run's export goes to RUN_DIR/exports/, where serve and "
+                                       "bench find it."),
     images: List[Path] = typer.Option(
         [], "--images", help="Images/folders for the parity check (default: the guide's sample pictures "
                              "and the run's val data)."),
@@ -67,7 +69,10 @@ def export(
 
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)
-    source = load_source(run, model, weights, out)
+    if run is not None and out is not None:
+        raise UserError(f"--out {out}: a run's export goes to {run}/exports/ (serve and bench read it there); "
+                        f"copy model.onnx and model.onnx.json from there, or give --model NAME to export elsewhere")
+    source = load_source(run, model, weights, out or Path("runs/exports"))
     result = export_onnx(source, opset=opset, dynamic_batch=dynamic_batch, images=list(images) or None)
     repository = None
     if triton is not None:

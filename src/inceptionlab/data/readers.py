@@ -47,6 +47,15 @@ def _data_root(cfg: DataConfig) -> Path:
     return Path(cfg.root).expanduser()
 
 
+def _folder_root(cfg: DataConfig) -> Path:
+    """The image folder's root; a file given as --data is refused naming it (not as `FILE/train` missing)."""
+    root = _data_root(cfg)
+    if root.exists() and not root.is_dir() and not cfg.labels_csv:
+        raise UserError(f"{root}: not a folder; pass --data DIR, a folder of class folders (or with train/ and val/ "
+                        "class folders)")
+    return root
+
+
 def _file_rows(cfg: DataConfig, root: Path) -> tuple[list[LabelRow], list[str]] | None:
     """The split as label rows when the data is not train/ + val/ class folders (file_list.py): a run's
     recorded split, a labels CSV, or one folder of class folders (train/ alone, or the root itself);
@@ -70,7 +79,11 @@ def _file_rows(cfg: DataConfig, root: Path) -> tuple[list[LabelRow], list[str]] 
     fraction = cfg.val_fraction or DEFAULT_VAL_FRACTION
     note = (f"split {where} per class: {fraction:.0%} validation, seed {cfg.split_seed}; recorded in the run's "
             f"{SPLITS_FILE}")
-    return stratified_split(rows, fraction, cfg.split_seed), [note, *notes]
+    split = stratified_split(rows, fraction, cfg.split_seed)
+    if not any(row.split == "val" for row in split):
+        raise UserError(f"{where}: no image left for validation: each class gives {fraction:.0%} of its images to "
+                        "it, and a class needs at least 2 images to give one (every class here has 1); add images")
+    return split, [note, *notes]
 
 
 def _tiny_imagenet_root(cfg: DataConfig) -> Path:
@@ -101,7 +114,7 @@ class ImageReader:
 
 
 READERS: dict[str, ImageReader] = {
-    "imagefolder": ImageReader(_data_root),
+    "imagefolder": ImageReader(_folder_root),
     "tiny_imagenet": ImageReader(_tiny_imagenet_root, _tiny_imagenet_labels),
     "digits": ImageReader(_digits_root),
 }
