@@ -148,6 +148,8 @@ def test_bench_plot_draws_only_the_latest_call(tmp_path):
     (["--layout", "nhwc"], "--layout nhwc"),
     (["--device", "tpu"], "--device 'tpu'"),
     (["--backend", "onnxruntime", "--provider", "tpu", "--device", "cpu"], "--provider 'tpu'"),
+    # --out places a --model's export; with a run it was ignored (the run's export is RUN/exports/)
+    (["--out", "elsewhere"], "--out elsewhere: a run's export goes to"),
 ])
 def test_bad_options_are_one_line_errors(run_and_images, cli, args, words):
     run_dir, _ = run_and_images
