@@ -54,7 +54,8 @@ def bench(
     calibration: int = typer.Option(100, "--calibration", min=1, help="Calibration images for int8."),
     min_agreement: float = typer.Option(0.99, "--min-agreement", min=0.0, max=1.0,
                                         help="Top-1 agreement with fp32 needed to call a model usable."),
-    out: Path = typer.Option(Path("runs/exports"), "--out", help="--model: its folder is OUT/<name>/."),
+    out: Optional[Path] = typer.Option(None, "--out", help="--model: its folder is OUT/<name>/ (default: "
+                                       "runs/exports). A run's export is RUN_DIR/exports/."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw plots/bench_*.png from the results."),
     list_runtimes: bool = typer.Option(False, "--list", help="List runtimes, precisions and providers here; no timing."),
     as_json: bool = options.json_option("one object per configuration and batch size"),
@@ -103,7 +104,7 @@ def bench(
                              holdout, calibration, min_agreement, onnx, rounds)
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)
-    source = load_source(run, model, weights, out)
+    source = load_source(run, model, weights, options.exports_folder(run, out))
 
     def emit(rows: list[dict]) -> None:
         if as_json:

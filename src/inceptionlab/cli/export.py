@@ -69,10 +69,7 @@ def export(
 
     run = options.pick_run(run_dir, run)
     options.pick_source(run, model)
-    if run is not None and out is not None:
-        raise UserError(f"--out {out}: a run's export goes to {run}/exports/ (serve and bench read it there); "
-                        f"copy model.onnx and model.onnx.json from there, or give --model NAME to export elsewhere")
-    source = load_source(run, model, weights, out or Path("runs/exports"))
+    source = load_source(run, model, weights, options.exports_folder(run, out))
     result = export_onnx(source, opset=opset, dynamic_batch=dynamic_batch, images=list(images) or None)
     repository = None
     if triton is not None:

@@ -83,6 +83,18 @@ def pick_source(run: Optional[Path], model: Optional[str]) -> None:
         raise UserError("give a run directory (RUN_DIR or --run RUN_DIR) or --model NAME, one of them")
 
 
+DEFAULT_EXPORTS = Path("runs/exports")  # where a --model's exports go unless --out says
+
+
+def exports_folder(run: Optional[Path], out: Optional[Path]) -> Path:
+    """`--out` of export and bench: the folder of a --model's exports; refused with a run, whose export
+    is RUN_DIR/exports/ (serve and bench read it there), rather than ignored."""
+    if run is not None and out is not None:
+        raise UserError(f"--out {out}: a run's export goes to {run}/exports/ (serve and bench read it there); "
+                        "copy model.onnx and model.onnx.json from there, or give --model NAME to export elsewhere")
+    return out or DEFAULT_EXPORTS
+
+
 def canonical_command(ctx: Any, skip: tuple[str, ...] = ()) -> str:
     """The call with every option spelled out (defaults too), so rerunning it reproduces a result row.
 
