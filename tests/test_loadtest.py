@@ -417,6 +417,11 @@ def test_cli_table_and_bad_inputs(stub, cli, tmp_path):
         dead = f"http://127.0.0.1:{free.getsockname()[1]}"
     down = cli("loadtest", dead, "--model", "stub", "--rate", "5", "--out", tmp_path)
     assert down.code != 0 and "cannot reach" in down.err
+    # Without --model the first request is the repository index: a dead server is still said to be one,
+    # not "cannot tell which model to load" with the advice to pass --model.
+    unnamed = cli("loadtest", dead, "--rate", "5", "--out", tmp_path)
+    assert unnamed.code != 0 and "cannot reach the server" in unnamed.err and "--model" not in unnamed.err
+    assert len(unnamed.err.strip().splitlines()) == 1
 
 
 def test_api_key_is_sent_and_never_written(stub, cli, tmp_path, monkeypatch):
