@@ -81,23 +81,31 @@ class HttpTransport:
         try:
             response = await self.client.get(f"{url}/v2/models/{model}")
         except httpx.HTTPError as exc:
-            raise UserError(f"{url}: cannot reach the server ({type(exc).__name__}); is it running? (--protocol "
-                            "http takes the server's HTTP URL, e.g. http://127.0.0.1:8000)") from None
+            raise self._unreachable(exc) from None
         if response.status_code == 401:
-            raise UserError(f"{url}/v2/models/{model}: HTTP 401; the server wants a key: pass --api-key KEY "
-                            "(or set INCEPTIONLAB_API_KEY)")
+            raise _wants_key(f"{url}/v2/models/{model}")
         if response.status_code != 200:
             raise UserError(f"{url}/v2/models/{model}: HTTP {response.status_code}; check --model NAME")
         meta = response.json()
         return ModelInfo(meta.get("name", model), meta.get("inputs", []), meta.get("outputs", []))
 
     async def _only_model(self) -> str:
+        index = f"{self.target}/v2/repository/index"
         try:
-            response = await self.client.post(f"{self.target}/v2/repository/index", json={"ready": True})
+            response = await self.client.post(index, json={"ready": True})
+        except httpx.HTTPError as exc:  # nothing answers: the server is down, not the model unnamed
+            raise self._unreachable(exc) from None
+        if response.status_code == 401:
+            raise _wants_key(index)
+        try:
             names = [entry["name"] for entry in response.json()] if response.status_code == 200 else []
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):  # a server without Triton's repository extension
             names = []
         return only_model(self.target, names)
+
+    def _unreachable(self, exc: Exception) -> UserError:
+        return UserError(f"{self.target}: cannot reach the server ({type(exc).__name__}); is it running? "
+                         "(--protocol http takes the server's HTTP URL, e.g. http://127.0.0.1:8000)")
 
     def prepare(self, info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
         self.endpoint = f"{self.target}/v2/models/{info.name}/infer"
@@ -124,6 +132,10 @@ class HttpTransport:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+def _wants_key(url: str) -> UserError:
+    return UserError(f"{url}: HTTP 401; the server wants a key: pass --api-key KEY (or set INCEPTIONLAB_API_KEY)")
 
 
 def only_model(target: str, names: list[str]) -> str:
