@@ -156,3 +156,20 @@ def test_data_that_is_a_file_is_refused_naming_it(tmp_path, cli):
     assert result.code == 2
     assert result.err.strip().splitlines()[-1] == (f"error: {photo}: not a folder; pass --data DIR, a folder of class "
                                                    "folders (or with train/ and val/ class folders)")
+
+
+def test_a_run_on_a_folder_it_split_itself_resumes(flat_run, tmp_path, cli):
+    """The run's own splits.csv, read back on resume so the same images are trained on, is not a change of
+    the data: resuming (here: one epoch more) was refused as `data.split_file cannot change on resume`."""
+    run_dir, _ = flat_run
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    result = cli("train", "--resume", copy, "--set", "train.epochs=2", "--no-progress", "--json")
+    assert result.code == 0, result.err
+    summary = json.loads((copy / "summary.json").read_text())
+    assert summary["epochs_done"] == 2 and summary["status"] == "completed"
+    assert read_splits(copy / "splits.csv") == read_splits(run_dir / "splits.csv")  # the same split, kept
+    other = tmp_path / "other.csv"
+    shutil.copy(copy / "splits.csv", other)
+    changed = cli("train", "--resume", copy, "--set", "train.epochs=3", "--set", f"data.split_file={other}")
+    assert changed.code == 2 and "data.split_file cannot change on resume" in changed.err
