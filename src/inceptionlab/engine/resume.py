@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import Recipe, recipe_to_dict
+from inceptionlab.data.datasets.file_list import SPLITS_FILE
 from inceptionlab.errors import UserError
 
 # Recipe keys a resumed run takes as they are: they change how the loop runs or where the data comes from,
@@ -78,10 +79,16 @@ def resume_changes(ckpt: dict[str, Any], recipe: Recipe, run: Path) -> list[Chan
     when the run started) are no change."""
     saved = dict(flat(json.loads(ckpt["recipe"])))
     changes = [Change(key, saved.get(key), value) for key, value in flat(recipe_to_dict(recipe))
-               if value not in (None, "auto") and saved.get(key) != value]
+               if value not in (None, "auto") and saved.get(key) != value and not _own_split(key, value, run)]
     for change in changes:
         _check(change, saved, ckpt, run)
     return changes
+
+
+def _own_split(key: str, value: Any, run: Path) -> bool:
+    """The run's own splits.csv, read back on resume (file_list.recorded_split) so that it trains on the
+    images it started with, is the split the checkpoint was made on: no change, wherever the run now lies."""
+    return key == "data.split_file" and Path(value) == Path(run) / SPLITS_FILE
 
 
 def _check(change: Change, saved: dict[str, Any], ckpt: dict[str, Any], run: Path) -> None:
