@@ -143,3 +143,21 @@ def test_the_first_line_says_what_each_kind_of_weights_file_holds(tmp_path):
     assert _what_it_holds(run, run.best, raw, given=False).startswith("the best epoch's checkpoint so far")
     assert _what_it_holds(run, run.last, raw, given=False).startswith("the last checkpoint")
     assert _what_it_holds(run, tmp_path / "x.pt", raw, given=True) == "--weights"
+
+
+def test_the_first_line_points_to_the_best_epoch_when_training_ended_elsewhere(tmp_path):
+    """Training's last line names its best epoch; when that is not the last, evaluate's first line says
+    where its weights are (checkpoints/best.pt), so "why is top-1 lower than training said?" answers itself."""
+    from inceptionlab.checkpoint import RunDir
+    from inceptionlab.infer.evaluate import _what_it_holds
+    from inceptionlab.models.spec import ModelSpec
+
+    run = RunDir(tmp_path)
+    raw = ModelSpec("resnet18", 2, ["a", "b"])
+    run.best.parent.mkdir(parents=True)
+    run.best.write_bytes(b"checkpoint")
+    run.summary_file.write_text(json.dumps({"best_metric": "val_top1", "best": {"epoch": 3}, "epochs_done": 5}))
+    assert _what_it_holds(run, run.model_file, raw, given=False) == (
+        f"the weights training ended with (epoch 5; the best by val_top1 was epoch 3: --weights {run.best})")
+    run.summary_file.write_text(json.dumps({"best_metric": "val_top1", "best": {"epoch": 5}, "epochs_done": 5}))
+    assert _what_it_holds(run, run.model_file, raw, given=False) == "the weights training ended with"
