@@ -7,6 +7,7 @@ model's 1000 outputs, and per-class accuracy is reported for the classes present
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -194,10 +195,24 @@ def _what_it_holds(run: RunDir, used: Path, spec: ModelSpec, given: bool) -> str
     if given:
         return "--weights"
     if used == run.model_file:
-        return ("the average (EMA) of the weights training ended with" if spec.weights == "ema"
+        held = ("the average (EMA) of the weights training ended with" if spec.weights == "ema"
                 else "the weights training ended with")
+        return held + _best_elsewhere(run)
     return "the best epoch's checkpoint so far (no model.pt: training has not finished)" if used == run.best \
         else "the last checkpoint (no model.pt or best.pt yet)"
+
+
+def _best_elsewhere(run: RunDir) -> str:
+    """' (epoch N; the best by METRIC was epoch B: --weights RUN/checkpoints/best.pt)' when training's best
+    epoch was not its last and best.pt holds it; '' otherwise (or when summary.json cannot say)."""
+    try:
+        summary = json.loads(run.summary_file.read_text())
+        best, done = int(summary["best"]["epoch"]), int(summary["epochs_done"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    if best == done or not run.best.is_file():
+        return ""
+    return f" (epoch {done}; the best by {summary.get('best_metric', 'its metric')} was epoch {best}: --weights {run.best})"
 
 
 def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.device, batch_size: int,
