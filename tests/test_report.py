@@ -146,6 +146,7 @@ def test_a_model_no_better_than_chance_gets_no_label_error_ranking(tmp_path, cli
     printed = cli("report", tmp_path, "--cam", "0")
     assert printed.code == 0, printed.err
     assert "likely label error" not in printed.out and "note: no label-error ranking: " in printed.out
+    assert (printed.out + printed.err).count("no label-error ranking") == 1  # said once, not logged as well
 
 
 def test_label_errors_need_recall_clearly_above_chance_on_the_images_there_are(tmp_path):
