@@ -333,14 +333,13 @@ def write_report(results: Results, out: Path, settings: ReportSettings, *, devic
         notes.append(f"these rows score the training split ({results.meta.get('split')}): the model has seen "
                      "these images, so few label errors show; evaluate the validation split for a fair check")
     issues, why_not = label_issue_rows(results, settings.label_issues)
+    # What the page leaves out goes into `notes`, which the page shows and the command prints: once each.
     if why_not:
-        log.warning("no label-error ranking: %s", why_not)
         notes.append(f"no label-error ranking: {why_not}")
     if cams is None and settings.cam > 0 and device is not None:
         try:
             cams = model_cams(results, images, device)
         except UserError as exc:
-            log.warning("no Grad-CAM overlays: %s", exc)
             notes.append(f"no Grad-CAM overlays: {exc}")
     summary = summarize(results, settings, issues)
     atomic_write_text(out, render(page_data(results, settings, summary, images, cams, notes)))
