@@ -566,3 +566,15 @@ def test_training_asks_the_governor_before_every_step():
         seen.append((batch, governor.calls))
     assert seen == [(0, 1), (1, 2), (2, 3), (3, 4)]  # each step runs after its own check
     assert list(_governed(iter("ab"), None)) == ["a", "b"]
+
+
+def test_a_deterministic_run_keeps_its_thread_count():
+    """train.deterministic asks for the same numbers run after run: a thread count that follows other
+    processes' load changes how each reduction is split, so two runs of one recipe trained different
+    weights (seen: the resident and worker loaders' runs differed after `threads: 2 -> 1` in one)."""
+    from inceptionlab.engine.distributed import DistInfo
+    from inceptionlab.engine.session import start_threads
+
+    single = DistInfo()
+    assert start_threads(None, single, torch.device("cpu"), deterministic=True).fixed
+    assert not start_threads(None, single, torch.device("cpu"), deterministic=False).fixed
