@@ -103,7 +103,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     _check_augment(recipe)
     dist = init_distributed(_device_type(recipe.train.device))
     device = resolve_device(recipe.train.device, dist.local_rank if dist.enabled else None)
-    threads = start_threads(recipe.train.threads, dist, device)
+    threads = start_threads(recipe.train.threads, dist, device, recipe.train.deterministic)
     seed_everything(recipe.train.seed + dist.rank, recipe.train.deterministic)
     splits, train_set, val_set = _read_data(recipe)
     num_classes = _num_classes(recipe, splits)
@@ -267,13 +267,15 @@ def _batch_mix(recipe: Recipe, spec: ModelSpec, num_classes: int, dist: DistInfo
     return batch_mix(recipe.augment, num_classes, recipe.train.seed, dist.rank)
 
 
-def start_threads(requested: int | None, dist: DistInfo, device: torch.device) -> hardware.ThreadGovernor:
+def start_threads(requested: int | None, dist: DistInfo, device: torch.device,
+                  deterministic: bool = False) -> hardware.ThreadGovernor:
     """torch's thread pool sized to the CPUs this process may use, shared with the other local ranks."""
     limit, fixed = hardware.thread_limit(requested)
     if dist.enabled and not fixed:
         limit = max(1, limit // dist.local_world_size)
-    # On a GPU the CPU threads only feed it: no governing, no re-sizing mid-run.
-    return hardware.ThreadGovernor(limit, fixed=fixed or device.type != "cpu")
+    # On a GPU the CPU threads only feed it: no governing, no re-sizing mid-run. A deterministic run keeps
+    # its count too: a reduction split over 1 thread instead of 2 sums in another order (other weights).
+    return hardware.ThreadGovernor(limit, fixed=fixed or deterministic or device.type != "cpu")
 
 
 def speed_warnings(recipe: Recipe, device: torch.device) -> list[str]:
