@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from conftest import shared_data
+from conftest import ONE_THREAD, shared_data
 from PIL import Image
 
 from inceptionlab.cli.app import main
@@ -94,8 +94,7 @@ def test_resident_and_worker_loaders_train_identically(fashion_root, tmp_path):
         recipe = load_recipe("fashion_mnist/mlp", [f"data.root={data}", f"data.loader={mode}", "data.num_workers=0",
                                                    "train.epochs=1", "data.max_train_samples=640",
                                                    "data.max_val_samples=100",
-                                                   # the same numbers whatever else runs: a fixed thread count
-                                                   "train.deterministic=true"])
+                                                   ONE_THREAD])
         outcomes.append(fit(recipe, tmp_path / mode, progress=False))
     a, b = (torch.load(o.run_dir / "model.pt", weights_only=True) for o in outcomes)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as TF
 from torch.utils.data import Subset
-from conftest import make_image_folder
+from conftest import ONE_THREAD, make_image_folder
 from torchvision.transforms import RandomResizedCrop, v2
 from torchvision.transforms.v2 import functional as F
 
@@ -287,7 +287,7 @@ def test_training_resumes_bit_exactly_with_the_resident_image_loader(folder, tmp
 
     from inceptionlab.engine.fit import StopSignal, fit
 
-    extra = [*SMALL_CNN, "data.loader=resident", "data.hflip=true"]
+    extra = [*SMALL_CNN, "data.loader=resident", "data.hflip=true", ONE_THREAD]
     straight = fit(recipe_for(folder, *extra), tmp_path / "a", progress=False)
     stop, epochs_seen = StopSignal(), [0]
 

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import FAST, make_image_folder
+from conftest import FAST, ONE_THREAD, make_image_folder
 from torch import nn
 from torch.nn import functional as F
 
@@ -92,7 +92,7 @@ def test_val_loss_is_sample_weighted(tmp_path):
 
 
 def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, tmp_path, capsys):
-    straight = fit(small_recipe_for(image_folder), tmp_path / "a", progress=False)
+    straight = fit(small_recipe_for(image_folder, ONE_THREAD), tmp_path / "a", progress=False)
 
     stop = StopSignal()
 
@@ -107,14 +107,14 @@ def test_stop_mid_epoch_then_resume_matches_an_uninterrupted_run(image_folder, t
             stop_epoch[0] += 1
         request_stop_at(step, loss)
 
-    stopped = fit(small_recipe_for(image_folder), tmp_path / "b", progress=False, stop=stop, on_log=track)
+    stopped = fit(small_recipe_for(image_folder, ONE_THREAD), tmp_path / "b", progress=False, stop=stop, on_log=track)
     assert stopped.status == "interrupted"
     ckpt = load_checkpoint(stopped.run_dir / "checkpoints" / "last.pt")
     assert (ckpt["epoch"], ckpt["step_in_epoch"]) == (1, 2)
     assert not (stopped.run_dir / "model.pt").exists()
 
     capsys.readouterr()
-    resumed = fit(small_recipe_for(image_folder), tmp_path / "b", stopped.run_dir, progress=False)
+    resumed = fit(small_recipe_for(image_folder, ONE_THREAD), tmp_path / "b", stopped.run_dir, progress=False)
     assert resumed.status == "completed" and resumed.run_dir == stopped.run_dir
     log = capsys.readouterr().out
     # 18 images at batch 4: 4 full steps per epoch (the last partial batch is dropped)

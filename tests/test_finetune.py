@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torchvision
-from conftest import FAST, make_image_folder
+from conftest import FAST, ONE_THREAD, make_image_folder
 
 from inceptionlab.config import FinetuneConfig, OptimConfig, ScheduleConfig, load_recipe
 from inceptionlab.engine.fit import StopSignal, fit
@@ -223,7 +223,7 @@ def test_resume_across_the_unfreeze_is_bit_exact(tmp_path, image_folder):
     """Head-only epoch 1 on cached features, whole model from epoch 2, EMA and a balanced sampler on: a run
     stopped in epoch 2 and resumed ends with the weights (and average) of a run that never stopped."""
     sets = [*RESNET, "train.epochs=3", "finetune.freeze_epochs=1", "ema.decay=0.8", "data.sampler=balanced",
-            "schedule.name=cosine", "schedule.warmup_epochs=1"]
+            "schedule.name=cosine", "schedule.warmup_epochs=1", ONE_THREAD]
     straight = fit(recipe_for(image_folder, *sets), tmp_path / "a", progress=False)
     stop, epochs_seen = StopSignal(), []
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import make_image_folder
+from conftest import ONE_THREAD, make_image_folder
 from scipy import stats
 from torch import nn
 from torch.nn import functional as F
@@ -278,7 +278,7 @@ def test_training_with_augmentation_resumes_bit_exactly(loader, tmp_path):
     from inceptionlab.engine.fit import StopSignal, fit
 
     data = make_image_folder(tmp_path / "d", train_per_class=3, val_per_class=1, size=24)  # 3 steps per epoch
-    extra = [f"data.loader={loader}", *AUGMENTED]
+    extra = [f"data.loader={loader}", *AUGMENTED, ONE_THREAD]
     straight = fit(small_recipe_for(data, *extra), tmp_path / "a", progress=False)
     stop, epochs_seen = StopSignal(), [0]
 

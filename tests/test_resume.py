@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import FAST
+from conftest import FAST, ONE_THREAD
 
 from inceptionlab.checkpoint import load_checkpoint
 from inceptionlab.config import load_recipe
@@ -18,7 +18,7 @@ from inceptionlab.models.registry import resolve_data_config
 
 RECIPE = "inception_v3/imagefolder"
 SMALL_CNN = ["model.name=cifar10_cnn", "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]
-WORKERS = ["data.loader=workers", "data.num_workers=2", "data.hflip=true"]
+WORKERS = ["data.loader=workers", "data.num_workers=2", "data.hflip=true", ONE_THREAD]
 
 
 def small_recipe(data, *extra):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from conftest import ONE_THREAD
 
 from inceptionlab.data.datasets.imagefolder import RobustImageFolder
 from inceptionlab.data.loading import resident
@@ -181,7 +182,7 @@ def test_training_with_stream_ends_with_the_resident_runs_weights(tmp_path):
     data = make_image_folder(tmp_path / "data", train_per_class=3, val_per_class=2, size=24)
     runs = {}
     for loader in ("resident", "stream"):
-        recipe = recipe_for(data, *SMALL_CNN, f"data.loader={loader}", "data.hflip=true", "train.epochs=2")
+        recipe = recipe_for(data, *SMALL_CNN, f"data.loader={loader}", "data.hflip=true", "train.epochs=2", ONE_THREAD)
         outcome = fit(recipe, tmp_path / loader, progress=False)
         assert outcome.status == "completed"
         runs[loader] = state_of(outcome.run_dir / "model.pt")
