@@ -81,8 +81,9 @@ def image_folder(tmp_path) -> Path:
 
 
 # Two runs compared bit for bit (resume against an uninterrupted run, one loader against another) need one
-# thread count in both: training follows other processes' load (hardware.ThreadGovernor), and with the
-# suite's other worker busy one run switched to 1 thread and summed its reductions in another order.
+# thread count in both: training follows other processes' load (hardware.ThreadGovernor), and in a bare
+# `pytest -n 2` (`make test` pins OMP_NUM_THREADS=1) one run switched to 1 thread beside the other worker
+# and summed its reductions in another order.
 ONE_THREAD = "train.threads=1"
 
 # Fast settings shared by engine tests: Inception v3's smallest input (75 px), tiny batches, main-process loading.

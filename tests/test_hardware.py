@@ -568,13 +568,14 @@ def test_training_asks_the_governor_before_every_step():
     assert list(_governed(iter("ab"), None)) == ["a", "b"]
 
 
-def test_a_deterministic_run_keeps_its_thread_count():
+def test_a_deterministic_run_keeps_its_thread_count(monkeypatch):
     """train.deterministic asks for the same numbers run after run: a thread count that follows other
     processes' load changes how each reduction is split, so two runs of one recipe trained different
     weights (seen: the resident and worker loaders' runs differed after `threads: 2 -> 1` in one)."""
     from inceptionlab.engine.distributed import DistInfo
     from inceptionlab.engine.session import start_threads
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # `make test` sets it, which fixes the count anyway
     single = DistInfo()
     assert start_threads(None, single, torch.device("cpu"), deterministic=True).fixed
     assert not start_threads(None, single, torch.device("cpu"), deterministic=False).fixed
