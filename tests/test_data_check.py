@@ -231,3 +231,29 @@ def test_iphone_photos_are_checked_like_any_image(tmp_path):
     found = by_check(report)
     assert "undecodable" not in found
     assert {"train/cat/IMG_0001.HEIC", "val/cat/IMG_0001.HEIC"} <= files_in(found["leakage"][0])
+
+
+def test_photos_this_installation_cannot_read_are_not_called_damaged(tmp_path):
+    """Without pillow-heif an iPhone's HEIC photos cannot be read: the check says what reads them, apart
+    from damaged files, whose advice is to re-save or delete them (never what to do with one's photos).
+    In a fresh interpreter with pillow_heif blocked: a PIL plugin, once registered, is the process's."""
+    import json
+    import subprocess
+    import sys
+
+    root = clean_dataset(tmp_path / "data", train=4, val=2)
+    (root / "train" / "cat" / "IMG_0001.HEIC").write_bytes(
+        b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64))
+    (root / "train" / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    script = ("import sys, json; sys.modules['pillow_heif'] = None\n"
+              "from pathlib import Path\n"
+              "from inceptionlab.data.check import check_data\n"
+              "report = check_data(Path(sys.argv[1]), workers=0)\n"
+              "print(json.dumps([f.to_dict() for f in report.findings]))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = {f["check"]: f for f in json.loads(done.stdout)}
+    assert found["undecodable"]["files"] == ["train/dog/broken.jpg"]
+    needs = found["needs_reader"]
+    assert needs["severity"] == "error" and needs["files"] == ["train/cat/IMG_0001.HEIC"]
+    assert "pip install 'inceptionlab[heif]'" in needs["advice"] and "delete" not in needs["advice"]
