@@ -23,6 +23,7 @@ import numpy as np
 
 from inceptionlab.data.check.listing import DataListing, SplitListing
 from inceptionlab.data.check.scan import FileFacts
+from inceptionlab.data.io.decode import HEIF_INSTALL
 from inceptionlab.data.io.image_files import IMAGE_EXTENSIONS
 
 NEAR_PHASH = 6  # bits of 64
@@ -179,12 +180,23 @@ def class_weights(counts: dict[str, int]) -> dict[str, float]:
 
 
 def decode_findings(facts: list[FileFacts], root: Path) -> list[Finding]:
-    bad = [f for f in facts if f.error]
-    if not bad:
-        return []
-    return [Finding("undecodable", "error", f"{len(bad)} file(s) cannot be read as images",
-                    "re-save them from the source or delete them; training skips them and says so every epoch",
-                    [relative(f.path, root) for f in bad], {"reasons": {relative(f.path, root): f.error for f in bad}})]
+    """Damaged files apart from photos in a format this installation has no reader for (HEIC without
+    pillow-heif): those are the user's photos, and installing the reader is the fix, not deleting them."""
+    out = []
+    damaged = [f for f in facts if f.error and not f.needs_reader]
+    if damaged:
+        out.append(Finding("undecodable", "error", f"{len(damaged)} file(s) cannot be read as images",
+                           "re-save them from the source or delete them; training skips them and says so every epoch",
+                           [relative(f.path, root) for f in damaged],
+                           {"reasons": {relative(f.path, root): f.error for f in damaged}}))
+    unread = [f for f in facts if f.needs_reader]
+    if unread:
+        needs = sorted({f.error for f in unread if f.error})
+        out.append(Finding("needs_reader", "error", f"{len(unread)} image(s) in a format this installation cannot read",
+                           f"install what reads them ({HEIF_INSTALL} for HEIC/HEIF photos; Pillow >= 11.3 for AVIF), "
+                           "or convert them to JPEG; until then training skips them",
+                           [relative(f.path, root) for f in unread], {"reasons": needs}))
+    return out
 
 
 def image_findings(facts: list[FileFacts], root: Path) -> list[Finding]:

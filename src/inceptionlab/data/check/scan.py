@@ -34,6 +34,7 @@ class FileFacts:
     bytes: int
     sha256: str
     error: str | None = None  # why it cannot be decoded
+    needs_reader: bool = False  # a format this installation has no reader for (HEIC without pillow-heif)
     format: str | None = None
     mode: str | None = None
     width: int = 0
@@ -84,7 +85,7 @@ def scan_file(path: str, hashes: bool = True) -> FileFacts:
 
                 facts.phash, facts.dhash = _hash_int(imagehash.phash(grey)), _hash_int(imagehash.dhash(grey))
     except ImageReadError as exc:  # a format this installation cannot read: the problem says what would
-        facts.error = exc.problem
+        facts.error, facts.needs_reader = exc.problem, True
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         facts.error = _decode_error(exc)
     return facts
