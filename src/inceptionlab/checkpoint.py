@@ -149,10 +149,15 @@ class RunDir:
             return cls(candidate)
         raise UserError(f"{parent}: could not create a new run directory")
 
+    @staticmethod
+    def is_run(path: Path) -> bool:
+        """A folder made by `inceptionlab train` (it holds spec.json), which `open` takes."""
+        return (Path(path) / "spec.json").is_file()
+
     @classmethod
     def open(cls, path: Path) -> "RunDir":
         path = Path(path)
-        if not (path / "spec.json").is_file():
+        if not cls.is_run(path):
             raise UserError(f"{path}: not a run directory (no spec.json); give a folder made by `inceptionlab train`")
         return cls(path)
 

@@ -118,17 +118,15 @@ def _run_given_first(run: Optional[Path], model: Optional[str], inputs: list[Pat
     """`predict RUN photos/` as `evaluate RUN` and `serve RUN` take it: a first input that is a run directory
     is the model when neither --run nor --model names one. A run directory anywhere else among the inputs
     is refused: classifying its plots is never what was meant."""
-    if inputs and run is None and model is None and _is_run_dir(inputs[0]):
+    from inceptionlab.checkpoint import RunDir  # torch: loaded when the command runs, never for --help
+
+    if inputs and run is None and model is None and RunDir.is_run(inputs[0]):
         run, inputs = inputs[0], inputs[1:]
     for path in inputs:
-        if _is_run_dir(path):
+        if RunDir.is_run(path):
             raise UserError(f"{path} is a run directory, not images to classify; give it as the model "
                             f"(--run {path}, or first: predict {path} IMAGES...) and the images after it")
     return run, inputs
-
-
-def _is_run_dir(path: Path) -> bool:
-    return (Path(path) / "spec.json").is_file()  # what RunDir.open takes for a run
 
 
 def _format(result: dict) -> str:

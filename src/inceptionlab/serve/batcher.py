@@ -61,12 +61,10 @@ class BatchStats:
     max_batch: int | None = None  # the plan's batch; None: the items ran as one execution
 
     def executions(self) -> list[int]:
-        """Items of each execution: a lone request larger than the plan's batch runs as consecutive full
-        batches (serve.models.Engine.run), so a plan of batch 1 answers 3 images with 3 executions of 1."""
-        if not self.max_batch or self.items <= self.max_batch:
+        """Items of each execution: a plan of batch 1 answers a lone request of 3 images with 3 executions of 1."""
+        if not self.max_batch:
             return [self.items]
-        full, rest = divmod(self.items, self.max_batch)
-        return [self.max_batch] * full + ([rest] if rest else [])
+        return [stop - start for start, stop in consecutive_batches(self.items, self.max_batch)]
 
 
 # run(instance, items) -> one result per item (its slice of the batch output)
@@ -227,6 +225,12 @@ class DynamicBatcher:
     def _note_idle(self) -> None:
         if not self.queue and self.executing == 0:
             self._idle.set()
+
+
+def consecutive_batches(count: int, max_batch: int) -> list[tuple[int, int]]:
+    """(start, stop) of each batch a request of `count` items runs as: one when it fits in `max_batch`, else
+    consecutive full batches and the rest (serve.models.Engine.run runs them; the metrics count them)."""
+    return [(start, min(start + max_batch, count)) for start in range(0, count, max_batch)] or [(0, 0)]
 
 
 def request_limit(max_batch: int, max_request: int) -> str:

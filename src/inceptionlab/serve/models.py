@@ -59,6 +59,7 @@ from inceptionlab.infer.source import load_source
 from inceptionlab.infer.speed import decide_inference
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
+from inceptionlab.serve.batcher import consecutive_batches
 from inceptionlab.serve.protocol import InputTensor, ProtocolError
 
 BACKENDS = ("auto", "openvino", "onnxruntime", "compile", "eager")
@@ -124,8 +125,8 @@ class Engine:
     def run(self, inputs: np.ndarray) -> np.ndarray:
         count = len(inputs)
         if count > self.buckets[-1]:  # a request larger than the plan's batch: consecutive full batches
-            largest = self.buckets[-1]
-            return np.concatenate([self.run(inputs[i:i + largest]) for i in range(0, count, largest)])
+            return np.concatenate([self.run(inputs[start:stop])
+                                   for start, stop in consecutive_batches(count, self.buckets[-1])])
         size = self.bucket(count)
         if size > count:  # pad with copies of the last row: real values, no NaN surprises
             inputs = np.concatenate([inputs, np.repeat(inputs[-1:], size - count, 0)])
