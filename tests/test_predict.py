@@ -127,3 +127,25 @@ def test_a_run_directory_among_the_images_with_run_given_is_refused(trained_run,
     result = cli("predict", "--run", run_dir, data / "val", run_dir)
     assert result.code == 2 and result.out == ""
     assert f"{run_dir} is a run directory, not images to classify" in result.err
+
+
+def test_files_a_folder_holds_besides_images_are_named_not_skipped_silently(trained_run, tmp_path, cli):
+    """A phone's export folder holds videos and sidecars beside the photos: predict classifies the photos
+    and says on stderr what it left out, as training and the data check do; --json output stays JSON."""
+    photos = tmp_path / "photos"
+    (photos / "trip").mkdir(parents=True)
+    rgb = np.random.default_rng(1).integers(0, 255, (40, 30, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(photos / "a.jpg")
+    Image.fromarray(rgb).save(photos / "trip" / "b.png")
+    (photos / "trip" / "clip.mov").write_bytes(b"\x00\x00\x00\x18ftypqt  ")
+    (photos / "a.xmp").write_text("<x:xmpmeta/>")
+    (photos / ".DS_Store").write_bytes(b"\x00")  # hidden: never a photo, not worth a word
+    for extra in ([], ["--json"]):
+        result = cli("predict", "--run", trained_run[0], photos, *extra)
+        assert result.code == 0, result.err
+        notes = [line for line in result.err.splitlines() if "non-image" in line]
+        assert notes == [f"note: {photos}: ignored 2 non-image file(s), e.g. {photos / 'a.xmp'}"]
+        assert ".DS_Store" not in result.err
+        if extra:
+            assert [row["file"] for row in parse_lines(result.out)] == [str(photos / "a.jpg"),
+                                                                        str(photos / "trip" / "b.png")]
