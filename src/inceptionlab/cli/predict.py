@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional
 import typer
 
 from inceptionlab.cli import options
+from inceptionlab.data.io.image_files import left_out_notes, non_images_under
 from inceptionlab.errors import UserError
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ def predict(
     else:
         net, spec = load_pretrained_model(model or "inception_v3", weights or "imagenet")
     predictor = Predictor(net, spec, resolve_device(device), tta=options.check_tta(tta))
+    for note in _left_out_notes(inputs):  # stderr: --json keeps stdout to results
+        typer.echo(f"note: {note}", err=True)
     results = predictor.predict_files(inputs, topk=topk, batch_size=batch_size)
     if explain is not None:
         results = _with_overlays(predictor, results, explain, batch_size)
@@ -127,6 +130,13 @@ def _run_given_first(run: Optional[Path], model: Optional[str], inputs: list[Pat
             raise UserError(f"{path} is a run directory, not images to classify; give it as the model "
                             f"(--run {path}, or first: predict {path} IMAGES...) and the images after it")
     return run, inputs
+
+
+def _left_out_notes(inputs: list[Path]) -> Iterator[str]:
+    """What the folders among the inputs hold besides images (a phone's videos, sidecar files): named, as
+    training and `data check` name them, not skipped without a word."""
+    for folder in (path for path in inputs if path.is_dir()):
+        yield from (f"{folder}: {note}" for note in left_out_notes(folder, non_images_under(folder), []))
 
 
 def _format(result: dict) -> str:

@@ -30,7 +30,8 @@ from pathlib import Path
 from inceptionlab.errors import UserError
 
 __all__ = ["IMAGE_EXTENSIONS", "SAMPLE_IMAGES_ENV", "ClassFolders", "class_name", "counts_as_image", "expand_image_paths",
-           "images_under", "is_hidden", "left_out_notes", "list_class_folders", "sample_image_dir", "sample_image_files"]
+           "images_under", "is_hidden", "left_out_notes", "list_class_folders", "non_images_under", "sample_image_dir",
+           "sample_image_files"]
 
 IMAGE_EXTENSIONS: tuple[str, ...] = (
     ".jpg",
@@ -114,6 +115,13 @@ def images_under(folder: Path) -> list[Path]:
     """Image files under `folder` (any depth) by the rule above, sorted; folders that cannot be listed
     are skipped (`list_class_folders` refuses them instead)."""
     return _files_in_directory(Path(folder), recursive=True)[0]
+
+
+def non_images_under(folder: Path) -> list[str]:
+    """Visible files under `folder` (any depth) that the rule does not read as images, sorted: what a
+    reader of the folder says it ignored (`left_out_notes`)."""
+    return [str(path) for path in _files_in_directory(Path(folder), recursive=True)[1]
+            if not path.name.endswith(QUIET_FILES)]
 
 
 def list_class_folders(root: Path, strict: bool = True) -> ClassFolders:
