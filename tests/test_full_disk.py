@@ -108,7 +108,7 @@ def test_a_full_disk_at_a_checkpoint_is_a_one_line_user_error_and_resume_finishe
     assert json.loads(resumed.out.strip().splitlines()[-1])["epochs_done"] == 2
 
 
-def test_on_a_real_full_tmpfs(image_folder, tmp_path):
+def test_on_a_real_full_tmpfs(image_folder, tmp_path, cli):
     """The same on a real 'disk': a tmpfs sized to hold the first epoch's files, mounted in a user and
     mount namespace of its own (`unshare`), so no root is needed where user namespaces are allowed."""
     unshare = shutil.which("unshare")
@@ -119,10 +119,10 @@ def test_on_a_real_full_tmpfs(image_folder, tmp_path):
         pytest.skip(f"cannot mount a tmpfs here (unshare --user --mount: {probe.stderr.strip() if probe else 'absent'})")
     sets = [x for item in [*FAST, *SMALL_CNN] for x in ("--set", item)]
     # One epoch on a roomy disk says how big the files of the first epoch are.
-    sizing = subprocess.run([sys.executable, "-m", "inceptionlab", "train", RECIPE, "--data", str(image_folder),
-                             "--out", str(tmp_path / "sizing"), "--no-progress", *sets, "--set", "train.epochs=1"],
-                            capture_output=True, text=True, timeout=300)
-    assert sizing.returncode == 0, sizing.stderr[-2000:]
+    # In this process (the sizing and the resume): a Python start-up with torch costs 3-5 s on 2 busy cores.
+    sizing = cli("train", RECIPE, "--data", image_folder, "--out", tmp_path / "sizing", "--no-progress", *sets,
+                 "--set", "train.epochs=1")
+    assert sizing.code == 0, sizing.err[-2000:]
     (sized,) = (tmp_path / "sizing" / "inception_v3" / "imagefolder").iterdir()
     checkpoint = (sized / "checkpoints" / "last.pt").stat().st_size
     first_epoch = [sized / name for name in ("recipe.resolved.yaml", "env.json", "spec.json", "metrics.jsonl",
@@ -142,7 +142,6 @@ def test_on_a_real_full_tmpfs(image_folder, tmp_path):
     assert "error: no space left on " in ran.stderr and "Traceback" not in ran.stderr
     (run,) = (kept / "inception_v3" / "imagefolder").iterdir()
     assert load_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 1
-    resumed = subprocess.run([sys.executable, "-m", "inceptionlab", "train", "--resume", str(run), "--no-progress",
-                              "--json"], capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert json.loads(resumed.stdout.strip().splitlines()[-1])["epochs_done"] == 2
+    resumed = cli("train", "--resume", run, "--no-progress", "--json")
+    assert resumed.code == 0, resumed.err[-2000:]
+    assert json.loads(resumed.out.strip().splitlines()[-1])["epochs_done"] == 2
