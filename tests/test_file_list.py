@@ -173,3 +173,26 @@ def test_a_run_on_a_folder_it_split_itself_resumes(flat_run, tmp_path, cli):
     shutil.copy(copy / "splits.csv", other)
     changed = cli("train", "--resume", copy, "--set", "train.epochs=3", "--set", f"data.split_file={other}")
     assert changed.code == 2 and "data.split_file cannot change on resume" in changed.err
+
+
+def test_a_class_too_small_to_give_validation_an_image_is_named_at_training_and_evaluation(tmp_path, cli):
+    """A class of one photo (an imbalanced folder's tail) all goes to training: nothing measures it. Training
+    says so where it says the split, and evaluate names the model's classes its split has no image of, instead
+    of a per-class table without them."""
+    photos = flat_folder(tmp_path)
+    (photos / "owl").mkdir()
+    shutil.copy(photos / "cat" / "cat_0.png", photos / "owl" / "owl.png")
+    trained = cli("train", "inception_v3/imagefolder", "--data", photos, "--out", tmp_path / "runs", "--no-progress",
+                  "--json", *[x for s in [*SETTINGS, "train.epochs=1"] for x in ("--set", s)])
+    assert trained.code == 0, trained.err
+    said = trained.out + trained.err
+    assert ("no validation image of owl (1 image in all, which trains): its accuracy is not measured; "
+            "add images of it") in said
+    run_dir = Path(json.loads(trained.out.strip().splitlines()[-1])["run_dir"])
+    scored = cli("evaluate", run_dir, "--json")
+    assert scored.code == 0, scored.err
+    report = json.loads(scored.out)
+    assert report["not_scored"] == ["owl"] and "owl" not in report["per_class"]
+    table = cli("evaluate", run_dir)
+    assert table.code == 0, table.err
+    assert "not scored: owl (no image of it in val): its accuracy is unknown" in table.out
