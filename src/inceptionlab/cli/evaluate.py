@@ -38,7 +38,8 @@ def evaluate(
     batch_size: int = options.batch_size_option(64),
     num_workers: Optional[int] = options.num_workers_option(),
     device: str = options.device_option(),
-    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, samples, "
+    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, not_scored (a run's "
+                                        "classes without images here), samples, "
                                         "files, calibration (temperature, ECE and NLL before/after, reject), tta_gain, "
                                         "outside_images, rule_saved_to, note, skipped (unreadable files and why)"),
 ) -> None:
@@ -94,7 +95,7 @@ def evaluate(
         print(json.dumps({**report, "files": {k: str(v) for k, v in paths.items()}}))
         return
     print(f"scored {evaluation.weights}: {evaluation.weights_note}")
-    _print_table(report)
+    _print_table(report, evaluation.per_image.meta["split"])
     print("\n".join(rule.lines()))
     if report["skipped"]:
         skipped = [UnreadableFile(s["file"], s["problem"]) for s in report["skipped"]]
@@ -141,14 +142,22 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
     return report
 
 
-def _print_table(report: dict) -> None:
+def _print_table(report: dict, split: str) -> None:
     per_class, counts = report["per_class"], report["per_class_samples"]
     width = max([display_width(k) for k in per_class] + [5])
     print(f"{pad('class', width)}  {'n':>5}  accuracy")
     for label, acc in sorted(per_class.items(), key=lambda kv: (kv[1] is None, kv[1])):
         print(f"{pad(label, width)}  {counts[label]:>5}  {'-' if acc is None else f'{acc:.3f}'}")
+    if report["not_scored"]:
+        print(_not_scored_line(report["not_scored"], split))
     top5 = f"  top-5 {report['top5']:.4f}" if "top5" in report else ""
     print(f"\n{report['samples']} samples  loss {report['loss']:.4f}  top-1 {report['top1']:.4f}{top5}")
+
+
+def _not_scored_line(labels: list[str], split: str) -> str:
+    shown = ", ".join(labels[:10]) + (f" and {len(labels) - 10} more" if len(labels) > 10 else "")
+    them = "it" if len(labels) == 1 else "them"
+    return f"not scored: {shown} (no image of {them} in {split}): {'its' if them == 'it' else 'their'} accuracy is unknown"
 
 
 def register(root: typer.Typer) -> None:

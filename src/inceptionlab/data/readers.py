@@ -6,6 +6,7 @@ what the human labels of its folder names are. Splits are `<root>/<split>/<class
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -74,8 +75,8 @@ def _file_rows(cfg: DataConfig, root: Path) -> tuple[list[LabelRow], list[str]] 
                  else f"{root} (no {cfg.train_split}/ or {cfg.val_split}/)")
     else:
         return None  # a missing folder: the class-folder reader says so
-    if all(row.split for row in rows):
-        return rows, notes
+    if all(row.split for row in rows):  # the labels CSV's own split column
+        return rows, [*notes, *_unvalidated_classes(rows)]
     fraction = cfg.val_fraction or DEFAULT_VAL_FRACTION
     note = (f"split {where} per class: {fraction:.0%} validation, seed {cfg.split_seed}; recorded in the run's "
             f"{SPLITS_FILE}")
@@ -83,7 +84,17 @@ def _file_rows(cfg: DataConfig, root: Path) -> tuple[list[LabelRow], list[str]] 
     if not any(row.split == "val" for row in split):
         raise UserError(f"{where}: no image left for validation: each class gives {fraction:.0%} of its images to "
                         "it, and a class needs at least 2 images to give one (every class here has 1); add images")
-    return split, [note, *notes]
+    return split, [note, *_unvalidated_classes(split), *notes]
+
+
+def _unvalidated_classes(split: list[LabelRow]) -> list[str]:
+    """A note per class the split left without a validation image (a class of one image: it trains)."""
+    counts: dict[str, Counter] = defaultdict(Counter)
+    for row in split:
+        counts[row.label][row.split] += 1
+    return [f"no validation image of {label} ({n['train']} image{'s' if n['train'] != 1 else ''} in all, which "
+            f"train{'s' if n['train'] == 1 else ''}): its accuracy is not measured; add images of it"
+            for label, n in sorted(counts.items()) if not n["val"]]
 
 
 def _tiny_imagenet_root(cfg: DataConfig) -> Path:

@@ -120,6 +120,15 @@ class Evaluation:
     scores: Scores | None = None
     weights: str = ""  # the file scored (a run's), or the pretrained weights' name
     weights_note: str = ""  # what that file holds, for the first line
+    names_unscored: bool = True  # a run's classes are all meant to be scored; a pretrained model's are not
+
+    def not_scored(self) -> list[str]:
+        """A run's classes with no image in the scored split (their accuracy is unknown); [] for a pretrained
+        model, whose 1000 classes a folder of a few of them is not meant to cover."""
+        if not self.names_unscored:
+            return []
+        present = set(self.present)
+        return [label for i, label in enumerate(self.spec.labels) if i not in present]
 
     def report(self) -> dict[str, Any]:
         per_class = self.result["per_class"]
@@ -131,6 +140,7 @@ class Evaluation:
             "samples": self.result["samples"],
             "per_class": {self.spec.labels[i]: per_class[i] for i in self.present},
             "per_class_samples": {self.spec.labels[i]: int(self.result["confusion"][i].sum()) for i in self.present},
+            "not_scored": self.not_scored(),
             # Files that could not be read are not in `samples`: named here with the reason.
             "skipped": [{"file": str(path), "problem": getattr(path, "problem", "")}
                         for path in sorted(set(self.result.get("skipped", [])))],
@@ -230,7 +240,8 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
             "split": root.name, "train_split": None, "tta": mode}
     rows = PerImage.collect(recorder, mapped, result["skipped"], meta)
     return Evaluation(spec, result, sorted(set(mapping)), rows, Scores.collect(rows, runner, mode, True), weights,
-                      f"{name}'s {weights} weights" if weights in ("imagenet", RANDOM_WEIGHTS) else "--weights")
+                      f"{name}'s {weights} weights" if weights in ("imagenet", RANDOM_WEIGHTS) else "--weights",
+                      names_unscored=False)
 
 
 def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
