@@ -16,6 +16,7 @@ from helpers.calibration_run import SETTINGS
 from inceptionlab.config import load_recipe
 from inceptionlab.data.datasets.file_list import LabelRow, read_labels_csv, stratified_split
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import sha256_file
 
 
 def rows(counts: dict[str, int]) -> list[LabelRow]:
@@ -193,6 +194,8 @@ def test_a_class_too_small_to_give_validation_an_image_is_named_at_training_and_
     assert scored.code == 0, scored.err
     report = json.loads(scored.out)
     assert report["not_scored"] == ["owl"] and "owl" not in report["per_class"]
+    recorded = json.loads((run_dir / "eval" / "results.json").read_text())  # what `compare` checks staleness by
+    assert recorded["weights_sha256"] == sha256_file(run_dir / "model.pt")
     table = cli("evaluate", run_dir)
     assert table.code == 0, table.err
     assert "not scored: owl (no image of it in val): its accuracy is unknown" in table.out

@@ -29,7 +29,7 @@ import typer
 # costs no start-up time.
 from inceptionlab import __version__, host
 from inceptionlab.cli import (
-    bench, data, demo, doctor, evaluate, export, loadtest, lr_find, plot, predict, report, serve, train,
+    bench, compare, data, demo, doctor, evaluate, export, loadtest, lr_find, plot, predict, report, serve, train,
 )
 from inceptionlab.errors import INTERNAL_ERROR_EXIT, UserError, summary_of
 from inceptionlab.hardware import prepare_process_environment
@@ -150,7 +150,8 @@ def _list_by_summary(group: typer.Typer) -> None:
 
 
 def _register() -> None:
-    for module in (doctor, train, lr_find, evaluate, report, predict, export, bench, plot, demo, serve, loadtest):
+    for module in (doctor, train, lr_find, evaluate, report, compare, predict, export, bench, plot, demo, serve,
+                   loadtest):
         module.register(app)
     app.add_typer(data.app, name="data")
     for group in (app, data.app):

@@ -28,7 +28,7 @@ from inceptionlab.engine.loop import StepSettings, evaluate
 from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
-from inceptionlab.fileio import atomic_write_json
+from inceptionlab.fileio import atomic_write_json, sha256_file
 from inceptionlab.infer.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
 from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
@@ -189,7 +189,9 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     result = run_evaluation(runner, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
                             recorder=recorder)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
-    meta = {"task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()), "recipe": recipe.name,
+    # The file scored and its checksum: `compare` tells a table that no longer matches its run's weights.
+    meta = {"weights_file": str(Path(used).absolute()), "weights_sha256": sha256_file(used),
+            "task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()), "recipe": recipe.name,
             "weights": str(weights) if weights else None, "data": str(getattr(dataset, "root", recipe.data.root or "")),
             "split": split or getattr(recipe.data, "val_split", "val"), "train_split": getattr(recipe.data, "train_split", "train"),
             "tta": mode}
