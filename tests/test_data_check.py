@@ -257,3 +257,13 @@ def test_photos_this_installation_cannot_read_are_not_called_damaged(tmp_path):
     needs = found["needs_reader"]
     assert needs["severity"] == "error" and needs["files"] == ["train/cat/IMG_0001.HEIC"]
     assert "pip install 'inceptionlab[heif]'" in needs["advice"] and "delete" not in needs["advice"]
+
+
+def test_a_class_of_one_image_is_said_in_the_singular(tmp_path):
+    from inceptionlab.data.check.report import format_report
+
+    root = clean_dataset(tmp_path / "data", train=4, val=2)
+    for extra in sorted((root / "train" / "fox").iterdir())[1:]:
+        extra.unlink()  # fox: 1 training image
+    text = format_report(check_data(root, workers=0))
+    assert "           fox: 1 image, weight " in text and "           dog: 4 images, weight " in text
