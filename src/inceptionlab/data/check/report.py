@@ -37,7 +37,8 @@ def format_report(report: DataReport) -> str:
         if weights:
             shown = sorted(weights.items(), key=lambda kv: -kv[1])
             for name, weight in shown[:EXAMPLES]:
-                lines.append(f"           {name}: {counts.get(name, '?')} images, weight {weight:g}")
+                n = counts.get(name, "?")
+                lines.append(f"           {name}: {n} image{'' if n == 1 else 's'}, weight {weight:g}")
             if len(shown) > EXAMPLES:
                 lines.append(f"           ... and {len(shown) - EXAMPLES} more classes (--json lists all)")
     return "\n".join(lines)
