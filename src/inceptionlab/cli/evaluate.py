@@ -38,8 +38,8 @@ def evaluate(
     batch_size: int = options.batch_size_option(64),
     num_workers: Optional[int] = options.num_workers_option(),
     device: str = options.device_option(),
-    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, not_scored (a run's "
-                                        "classes without images here), samples, "
+    as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, "
+                                        "not_scored (a run's classes without images here), samples, "
                                         "files, calibration (temperature, ECE and NLL before/after, reject), tta_gain, "
                                         "outside_images, rule_saved_to, note, skipped (unreadable files and why)"),
 ) -> None:
