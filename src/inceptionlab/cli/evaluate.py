@@ -142,13 +142,13 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
     return report
 
 
-def _print_table(report: dict, split: str) -> None:
+def _print_table(report: dict, split: str = "val") -> None:
     per_class, counts = report["per_class"], report["per_class_samples"]
     width = max([display_width(k) for k in per_class] + [5])
     print(f"{pad('class', width)}  {'n':>5}  accuracy")
     for label, acc in sorted(per_class.items(), key=lambda kv: (kv[1] is None, kv[1])):
         print(f"{pad(label, width)}  {counts[label]:>5}  {'-' if acc is None else f'{acc:.3f}'}")
-    if report["not_scored"]:
+    if report.get("not_scored"):
         print(_not_scored_line(report["not_scored"], split))
     top5 = f"  top-5 {report['top5']:.4f}" if "top5" in report else ""
     print(f"\n{report['samples']} samples  loss {report['loss']:.4f}  top-1 {report['top1']:.4f}{top5}")
