@@ -199,3 +199,39 @@ def test_a_class_too_small_to_give_validation_an_image_is_named_at_training_and_
     table = cli("evaluate", run_dir)
     assert table.code == 0, table.err
     assert "not scored: owl (no image of it in val): its accuracy is unknown" in table.out
+
+
+def _new_photos(source: Path, target: Path, per_class: int) -> Path:
+    """Other photos of the same classes, under names the run's data does not have (a test set)."""
+    for folder in sorted(p for p in source.iterdir() if p.is_dir()):
+        (target / folder.name).mkdir(parents=True)
+        for i, image in enumerate(sorted(folder.rglob("*.png"))[:per_class]):
+            shutil.copy(image, target / folder.name / f"new_{i}.png")
+    return target
+
+
+def test_evaluate_on_new_photos_scores_all_of_them_and_on_moved_data_its_recorded_split(flat_run, squares_run,
+                                                                                        tmp_path, cli):
+    """`evaluate RUN --data DIR`: a folder of new photos is scored whole, whatever the run was trained on
+    (its splits.csv describes the run's own files, which are not there; splitting DIR 80/20 would score a
+    fifth of it); the run's own data, moved, is still scored on its recorded validation images."""
+    run_dir, photos = flat_run
+    new = _new_photos(photos, tmp_path / "new", per_class=4)  # 3 classes x 4
+    for run in (run_dir, squares_run.run_dir):  # split at training; trained on train/ + val/ folders
+        scored = cli("evaluate", run, "--data", new, "--json", "--out", tmp_path / "eval" / run.name)
+        assert scored.code == 0, scored.err
+        assert json.loads(scored.out)["samples"] == 12
+        table = json.loads((tmp_path / "eval" / run.name / "results.json").read_text())
+        assert table["split"] == "all" and sorted(table["labels"]) == sorted(p.name for p in new.iterdir())
+
+    moved = tmp_path / "moved"
+    shutil.copytree(photos, moved)
+    scored = cli("evaluate", run_dir, "--data", moved, "--json", "--out", tmp_path / "eval-moved")
+    assert scored.code == 0, scored.err
+    assert json.loads(scored.out)["samples"] == 6  # the recorded val images, found under the new place
+    whole = cli("evaluate", run_dir, "--data", moved, "--split", "all", "--json", "--out", tmp_path / "eval-all")
+    assert whole.code == 0 and json.loads(whole.out)["samples"] == 30
+
+    shutil.copy(photos / "cat" / "cat_0.png", new / "cat" / "cat_0.png")  # one name in common with the run's data
+    mixed = cli("evaluate", run_dir, "--data", new, "--out", tmp_path / "eval-mixed")
+    assert mixed.code == 2 and "--split all" in mixed.err and len(mixed.err.strip().splitlines()) == 1
