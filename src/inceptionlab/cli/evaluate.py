@@ -20,7 +20,9 @@ def evaluate(
     model: Optional[str] = options.model_option(),
     weights: Optional[str] = options.weights_option(),
     data: Optional[Path] = typer.Option(None, "--data", help="Dataset folder (default: the run's data.root)."),
-    split: Optional[str] = typer.Option(None, "--split", help="Split folder to score (default: the recipe's val split)."),
+    split: Optional[str] = typer.Option(
+        None, "--split", help="Split to score (default: the recipe's val split; with --data of a folder of class "
+        "folders and no val/, all of it); `all`: every image of the data's class folders."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ and the "
                                        "per-image results.csv + logits.npy (default: RUN/eval)."),
     tta: Optional[str] = options.tta_option("the model's own (spec.json); on the validation split the rule is "
@@ -95,7 +97,8 @@ def evaluate(
         print(json.dumps({**report, "files": {k: str(v) for k, v in paths.items()}}))
         return
     print(f"scored {evaluation.weights}: {evaluation.weights_note}")
-    _print_table(report, evaluation.per_image.meta["split"])
+    meta = evaluation.per_image.meta
+    _print_table(report, meta["data"] if meta["split"] == "all" else meta["split"])
     print("\n".join(rule.lines()))
     if report["skipped"]:
         skipped = [UnreadableFile(s["file"], s["problem"]) for s in report["skipped"]]

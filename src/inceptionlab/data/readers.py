@@ -165,8 +165,13 @@ def read_splits(cfg: DataConfig, augment: AugmentConfig | None = None) -> SplitP
     return splits
 
 
+# `--split all`: every image under an image dataset's root class folders, split or not (a folder of new photos).
+WHOLE_FOLDER = "all"
+
+
 def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -> Any:
-    """One split for evaluation: default the validation split; `test` for a dataset's test split."""
+    """One split for evaluation: default the validation split; `test` for a dataset's test split;
+    WHOLE_FOLDER for every image in the class folders of an image dataset's root."""
     if cfg.reader in ONE_SPLIT_READERS:
         dataset = ONE_SPLIT_READERS[cfg.reader](cfg, split or "val")
         if dataset is not None:
@@ -180,6 +185,8 @@ def read_eval_split(cfg: DataConfig, transform: Any, split: str | None = None) -
     from inceptionlab.data.datasets.imagefolder import RobustImageFolder  # torchvision (~1.3 s): image folders only
 
     root = _reader(cfg).root(cfg)
+    if split == WHOLE_FOLDER:
+        return RobustImageFolder(root, transform=transform, max_side=cfg.val_resize_size)
     listed = _file_rows(cfg, root)
     if listed is not None:
         return _listed_split(listed[0], root, transform, split or "val", cfg.val_resize_size)

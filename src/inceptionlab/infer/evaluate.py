@@ -20,10 +20,10 @@ from torch import nn
 from inceptionlab import hardware
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import load_recipe
-from inceptionlab.data.datasets.file_list import recorded_split
+from inceptionlab.data.datasets.file_list import SPLITS_FILE, recorded_files_found, recorded_split
 from inceptionlab.data.datasets.imagefolder import RobustImageFolder
 from inceptionlab.data.loading.loaders import make_loader
-from inceptionlab.data.readers import read_eval_split
+from inceptionlab.data.readers import WHOLE_FOLDER, read_eval_split
 from inceptionlab.engine.loop import StepSettings, evaluate
 from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
@@ -174,7 +174,7 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     run = RunDir.open(run_dir)
     used = weights or run.weights_for_inference()
     model, spec = load_run_model(run_dir, used)
-    overrides = recorded_split(run_dir) + ([f"data.root={data}"] if data else [])  # the run's own split
+    overrides, split = _data_to_score(Path(run_dir), data, split)
     if spec.tokenizer:  # score with the vocabulary the model was trained with
         overrides.append(f"data.text.tokenizer={Path(run_dir) / spec.tokenizer}")
     recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", overrides)
@@ -199,6 +199,41 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     validation = split is None or split == recipe.data.val_split
     return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, validation), str(used),
                       _what_it_holds(run, used, spec, given=weights is not None))
+
+
+def _data_to_score(run_dir: Path, data: Path | None, split: str | None) -> tuple[list[str], str | None]:
+    """--set overrides and the split that make evaluate read what it was asked to score.
+
+    Without --data: the run's own data as training read it (its recorded split, if any). With --data: the
+    run's own data moved there keeps its recorded split; any other folder is read as it is: its split
+    folder if it has one, else all of its class folders (a folder of new photos is a test set: splitting
+    it as training does would score a fifth of it, and the run's splits.csv names files it does not hold).
+    """
+    recorded = recorded_split(run_dir)
+    if data is None:
+        return recorded, split
+    moved = [*recorded, f"data.root={data}"]
+    other = ["data.split_file=null", "data.labels_csv=null", f"data.root={data}"]
+    if split == WHOLE_FOLDER or not recorded:
+        return other, _whole_unless_split(data, split, run_dir)
+    found, listed = recorded_files_found(run_dir / SPLITS_FILE, data)
+    if found == listed:
+        return moved, split
+    if found:
+        raise UserError(f"{data}: {found} of the {listed} images {run_dir / SPLITS_FILE} records lie there, the rest "
+                        f"do not: to score every image in {data}, give --split {WHOLE_FOLDER}; to score the run's "
+                        "validation images, give --data the folder it was trained on")
+    return other, _whole_unless_split(data, split, run_dir)
+
+
+def _whole_unless_split(data: Path, split: str | None, run_dir: Path) -> str | None:
+    """The split to score in another folder: the one asked for; for class folders of one's own (the
+    imagefolder reader), the recipe's validation folder when there is one, else all of them; for the
+    other readers, their default."""
+    cfg = load_recipe(run_dir / "recipe.resolved.yaml").data
+    if split is not None or cfg.reader != "imagefolder":
+        return split
+    return cfg.val_split if (Path(data) / cfg.val_split).is_dir() else WHOLE_FOLDER
 
 
 def _what_it_holds(run: RunDir, used: Path, spec: ModelSpec, given: bool) -> str:

@@ -68,9 +68,27 @@ def _column(header: list[str], names: tuple[str, ...]) -> int | None:
 
 def read_labels_csv(path: Path, base: Path | None = None) -> list[LabelRow]:
     """Rows of a labels CSV (or a recorded splits.csv), files resolved against `base` (default: the
-    CSV's folder); one-line errors naming the line."""
+    CSV's folder); one-line errors naming the line, and for files that do not exist."""
     path = Path(path)
     base = path.parent if base is None else Path(base)
+    rows, seen = _listed_rows(path, base)
+    missing = [(seen[str(r.file)], r.file) for r in rows if not r.file.is_file()]
+    if missing:
+        line, file = missing[0]
+        raise UserError(f"{path}: {len(missing)} listed file(s) do not exist, e.g. line {line}: {file}; fix the "
+                        f"paths (relative to {base}) or remove the rows")
+    return rows
+
+
+def recorded_files_found(path: Path, root: Path) -> tuple[int, int]:
+    """How many of a recorded splits.csv's files lie under `root`, of how many: all of them when `root`
+    holds the run's own data (moved there), none when it holds other images."""
+    rows, _ = _listed_rows(Path(path), Path(root))
+    return sum(row.file.is_file() for row in rows), len(rows)
+
+
+def _listed_rows(path: Path, base: Path) -> tuple[list[LabelRow], dict[str, int]]:
+    """The rows as listed (files resolved against `base`, not checked), and each file's line number."""
     try:
         text = path.read_text(encoding="utf-8-sig")  # Excel writes a byte-order mark
     except FileNotFoundError:
@@ -103,12 +121,7 @@ def read_labels_csv(path: Path, base: Path | None = None) -> list[LabelRow]:
         rows.append(LabelRow(file, label, split))
     if not rows:
         raise UserError(f"{path}: no rows under the header")
-    missing = [(seen[str(r.file)], r.file) for r in rows if not r.file.is_file()]
-    if missing:
-        line, file = missing[0]
-        raise UserError(f"{path}: {len(missing)} listed file(s) do not exist, e.g. line {line}: {file}; fix the "
-                        f"paths (relative to {base}) or remove the rows")
-    return rows
+    return rows, seen
 
 
 def read_splits_file(path: Path, root: Path) -> list[LabelRow]:
