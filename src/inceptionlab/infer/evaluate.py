@@ -174,10 +174,12 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     run = RunDir.open(run_dir)
     used = weights or run.weights_for_inference()
     model, spec = load_run_model(run_dir, used)
-    overrides, split = _data_to_score(Path(run_dir), data, split)
+    overrides, other_data = _data_to_score(Path(run_dir), data, split)
     if spec.tokenizer:  # score with the vocabulary the model was trained with
         overrides.append(f"data.text.tokenizer={Path(run_dir) / spec.tokenizer}")
     recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", overrides)
+    if other_data:
+        split = _whole_unless_split(recipe.data, split)
     transform = spec.eval_transform() if spec.input_kind == "image" else None
     dataset = read_eval_split(recipe.data, transform, split)
     folders = getattr(dataset, "classes", None) or dataset.class_names
@@ -201,8 +203,9 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
                       _what_it_holds(run, used, spec, given=weights is not None))
 
 
-def _data_to_score(run_dir: Path, data: Path | None, split: str | None) -> tuple[list[str], str | None]:
-    """--set overrides and the split that make evaluate read what it was asked to score.
+def _data_to_score(run_dir: Path, data: Path | None, split: str | None) -> tuple[list[str], bool]:
+    """--set overrides that make evaluate read what it was asked to score, and whether that is other data
+    than the run's (read as it is: `_whole_unless_split`).
 
     Without --data: the run's own data as training read it (its recorded split, if any). With --data: the
     run's own data moved there keeps its recorded split; any other folder is read as it is: its split
@@ -211,29 +214,27 @@ def _data_to_score(run_dir: Path, data: Path | None, split: str | None) -> tuple
     """
     recorded = recorded_split(run_dir)
     if data is None:
-        return recorded, split
-    moved = [*recorded, f"data.root={data}"]
+        return recorded, False
     other = ["data.split_file=null", "data.labels_csv=null", f"data.root={data}"]
     if split == WHOLE_FOLDER or not recorded:
-        return other, _whole_unless_split(data, split, run_dir)
+        return other, True
     found, listed = recorded_files_found(run_dir / SPLITS_FILE, data)
     if found == listed:
-        return moved, split
+        return [*recorded, f"data.root={data}"], False
     if found:
         raise UserError(f"{data}: {found} of the {listed} images {run_dir / SPLITS_FILE} records lie there, the rest "
                         f"do not: to score every image in {data}, give --split {WHOLE_FOLDER}; to score the run's "
                         "validation images, give --data the folder it was trained on")
-    return other, _whole_unless_split(data, split, run_dir)
+    return other, True
 
 
-def _whole_unless_split(data: Path, split: str | None, run_dir: Path) -> str | None:
-    """The split to score in another folder: the one asked for; for class folders of one's own (the
+def _whole_unless_split(cfg: Any, split: str | None) -> str | None:
+    """The split to score in other data: the one asked for; for class folders of one's own (the
     imagefolder reader), the recipe's validation folder when there is one, else all of them; for the
     other readers, their default."""
-    cfg = load_recipe(run_dir / "recipe.resolved.yaml").data
     if split is not None or cfg.reader != "imagefolder":
         return split
-    return cfg.val_split if (Path(data) / cfg.val_split).is_dir() else WHOLE_FOLDER
+    return cfg.val_split if (Path(cfg.root).expanduser() / cfg.val_split).is_dir() else WHOLE_FOLDER
 
 
 def _what_it_holds(run: RunDir, used: Path, spec: ModelSpec, given: bool) -> str:
