@@ -148,4 +148,6 @@ def cell(value: Any, spec: str = "") -> str:
         return format(value, spec or ".4g")
     if isinstance(value, list):
         return ", ".join(cell(item, spec) for item in value)
+    if isinstance(value, str):  # a bound such as "<26.5" among figures
+        return value.replace("|", "\\|")
     return format(value, spec) if spec else str(value).replace("|", "\\|")
