@@ -367,7 +367,7 @@ def plan(machine: Machine, data: Path, work: Path, dry_run: bool = False) -> lis
               "--min-requests", "20", "--bench-iters", "10", "--out", str(work / "serve")], result_rows("serve"),
              env=results,
              needs={"fastapi": "serve", "uvicorn": "serve", "multipart": "serve", "grpc_health": "serve",
-                    "httpx": "loadtest"}),
+                    "aiohttp": "loadtest"}),
     ]
     for part in parts:
         if part.needs_gpu and not machine.gpu and not dry_run and not part.skip:

@@ -25,7 +25,7 @@ OPTIONAL_EXTRAS = frozenset({
     "captum", "cleanlab",  # trust
     "imagehash",  # check
     "sklearn",  # demo
-    "grpc", "grpc_tools", "httpx", "prometheus_client",  # serve / loadtest / proto
+    "grpc", "grpc_tools", "aiohttp", "prometheus_client",  # serve / loadtest / proto
 })
 LINT_MARKERS = ("noqa", "type:", "pragma", "fmt:", "isort:")
 

@@ -29,7 +29,7 @@ import pytest
 from inceptionlab import host
 from inceptionlab.errors import UserError
 from inceptionlab.loadtest import generator as lt
-from inceptionlab.loadtest.payloads import TensorRequest, infer_body, json_infer_body
+from inceptionlab.loadtest.payloads import Prepared, TensorRequest, infer_body, json_infer_body
 from inceptionlab.loadtest.report import format_table, plot_latency_vs_rate
 from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats, statistics_counters
 from inceptionlab.loadtest.transports import HttpTransport
@@ -326,6 +326,29 @@ def test_503_and_errors_are_counted_apart_and_fail_the_slo(stub):
     assert row["ok"] == n - row["rejected"] - row["error"]
     assert row["error_rate"] == pytest.approx((row["rejected"] + row["error"]) / n, abs=1e-4)
     assert row["slo_met"] is False  # fast answers, but 30% of them failures
+
+
+def test_a_request_past_its_timeout_is_a_timeout_and_an_unreachable_server_an_error(stub):
+    """Outcomes over HTTP: an answer later than --timeout counts as a timeout (not an error, not ok), and a
+    server that stops answering mid-run as errors, each request bounded either way."""
+    url, behaviour = stub
+    behaviour.service_ms = 400.0
+    row = lt.run_load(settings(url, concurrency=2, duration=0.3, warmup=0, timeout=0.1))
+    assert row["sent"] >= 2 and row["timeout"] == row["sent"] and row["ok"] == row["error"] == 0
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    records = asyncio.run(_send_once(dead))
+    assert [r.outcome for r in records] == ["error"] and records[0].detail == "ClientConnectorError"
+
+
+async def _send_once(url: str) -> list:
+    transport = HttpTransport(url, connections=1, api_key=None, timeout=5.0)
+    transport.endpoint = f"{url}/v2/models/stub/infer"
+    try:
+        return [await transport.send(Prepared(b"{}", {}), time.perf_counter(), 5.0)]
+    finally:
+        await transport.aclose()
 
 
 def test_tensor_payload_follows_the_models_metadata(stub):

@@ -56,7 +56,7 @@ MIB = 1024 * 1024
 # skip, saying which module they miss (benchmarks/gpu_report.py, Part.needs).
 REPORT_EXTRAS = {
     "serve": "the serve sweep: inceptionlab serve (FastAPI, uvicorn, multipart, gRPC health)",
-    "loadtest": "the serve sweep's load generator (httpx, gRPC)",
+    "loadtest": "the serve sweep's load generator (aiohttp, gRPC)",
     "onnx-export": "bench's ONNX Runtime rows (the export needs onnx, onnxscript)",
 }
 # The GPU-marked tests' runner: pyproject's addopts use pytest-timeout's --timeout.

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # Packages whose versions go into every environment record (env.json, bench and load-test rows,
 # export sidecars); read from the installed metadata, so none of them is imported.
 RECORDED_PACKAGES = ("torch", "torchvision", "numpy", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu",
-                     "onnxruntime-migraphx", "openvino", "nncf", "tokenizers", "httpx")
+                     "onnxruntime-migraphx", "openvino", "nncf", "tokenizers", "aiohttp")
 
 
 def cpu_model_name() -> str:

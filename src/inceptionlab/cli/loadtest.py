@@ -74,15 +74,15 @@ def loadtest(
       inceptionlab loadtest http://triton:8000 --model inception_v3 --payload fp32 --concurrency 8 --json
     """
     try:  # the loadtest extra: checked before the generator, which imports these at its top
-        import httpx  # noqa: F401
+        import aiohttp  # noqa: F401
         import prometheus_client  # noqa: F401
 
         if protocol == "grpc":
             import grpc  # noqa: F401
     except ImportError:
-        raise UserError("the load generator needs httpx, prometheus-client and (for gRPC) grpcio: pip install "
+        raise UserError("the load generator needs aiohttp, prometheus-client and (for gRPC) grpcio: pip install "
                         "'inceptionlab[loadtest]'") from None
-    # the loadtest extra (httpx) and matplotlib (~0.4 s): only when the command runs, never for --help
+    # the loadtest extra (aiohttp) and matplotlib (~0.4 s): only when the command runs, never for --help
     from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep, settings_dict
     from inceptionlab.loadtest.report import (client_environment, client_warning_lines, format_table, plot_latency_vs_rate,
                                               records, redacted)

@@ -61,9 +61,9 @@ PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 # sending and counts the request as "not_sent" (it is reported, never hidden).
 MAX_IN_FLIGHT = 1024
 # When the generator may be what limits a measurement. Its event loop is one thread: past ~70% of a
-# core, requests start to queue inside the client (sends late, answers read late). A request cost it
-# ~2.7 ms of CPU over HTTP (httpx) and ~1.1 ms over gRPC on a 2-core AMD EPYC at 20/s (5% and 2% of a
-# core; docs/serving/loadtest.md), so the warning comes at a few hundred requests/s. A p99 send lag
+# core, requests start to queue inside the client (sends late, answers read late). A JPEG request cost
+# it ~1.1 ms of CPU over HTTP (aiohttp) and ~1.4 ms over gRPC at 20/s, ~0.7 ms over either at 150/s, on
+# a 2-core AMD EPYC Zen 4 (docs/serving/loadtest.md), so the warning comes near a thousand requests/s. A p99 send lag
 # above 10 ms is already a tenth of a typical 100 ms SLO.
 CLIENT_CPU_WARN = 0.7  # cores
 SEND_LAG_WARN_MS = 10.0
@@ -86,7 +86,7 @@ class LoadSettings:
     slo_ms: float = 100.0
     max_error_rate: float = 0.01  # failures (503, errors, timeouts) allowed while holding the SLO
     timeout: float = 30.0  # s per request, end to end
-    connections: int = 64  # httpx pool size; requests beyond it wait for a connection (and it shows)
+    connections: int = 64  # HTTP pool size; requests beyond it wait for a connection (and it shows)
     warmup: int = 4  # sequential untimed requests before the first measurement
     seed: int = 0  # Poisson schedule
     max_requests: int = 100_000  # hard cap on one measurement's schedule

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from PIL import Image
 
@@ -82,13 +81,6 @@ def json_infer_body(tensor: TensorRequest) -> Prepared:
     if tensor.output:
         body["outputs"] = [{"name": tensor.output}]
     return Prepared(json.dumps(body, separators=(",", ":")).encode(), {"Content-Type": "application/json"})
-
-
-def response_header(response: httpx.Response) -> dict[str, Any]:
-    """The JSON part of an infer response (binary extension or plain JSON)."""
-    length = response.headers.get(HEADER_LENGTH)
-    content = response.content[: int(length)] if length else response.content
-    return json.loads(content)
 
 
 def image_files(folders: list[Path]) -> list[Path]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 # Counters read from /metrics, per server family. Times are cumulative; `scale` turns them into ms.
@@ -102,12 +102,12 @@ def _outcome_deltas(before: dict[str, float], after: dict[str, float]) -> dict[s
     return outcomes
 
 
-async def scrape(client: httpx.AsyncClient, url: str, model: str | None) -> dict[str, float] | None:
+async def scrape(session: aiohttp.ClientSession, url: str, model: str | None) -> dict[str, float] | None:
     """The server's counters now, or None when it has no readable /metrics."""
     try:
-        response = await client.get(f"{url}/metrics")
-        if response.status_code != 200:
-            return None
-        return parse_metrics(response.text, model)
-    except (httpx.HTTPError, ValueError):
+        async with session.get(f"{url}/metrics") as response:
+            if response.status != 200:
+                return None
+            return parse_metrics(await response.text(), model)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
         return None
