@@ -179,3 +179,52 @@ def test_sigterm_under_grpc_load_answers_every_accepted_call_and_refuses_new_one
     assert len(answered) >= pending and len(answered) + len(refused) == 48
     assert all(r.as_numpy("probabilities").shape == (1, 3) for r in answered)
     assert "drained" in output
+
+
+def read_until(process: subprocess.Popen, text: str, limit: int = 200) -> list[str]:
+    """The server's output lines up to the first that holds `text` (bounded: `limit` lines)."""
+    lines = []
+    for _ in range(limit):
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    pytest.fail(f"{text!r} never printed: {''.join(lines)[-2000:]}")
+
+
+def test_ctrl_c_twice_on_an_idle_server_exits_0_without_a_traceback(server):
+    """A user pressing Ctrl-C twice: the first drains (at once, nothing is pending), the second lands
+    while uvicorn shuts down. It forced the exit, which skipped the app's shutdown, and uvicorn logged
+    the cancelled lifespan as an error with a traceback. A drain already done leaves nothing to force."""
+    process = server.process
+    process.send_signal(signal.SIGINT)
+    read_until(process, "drained")
+    process.send_signal(signal.SIGINT)  # during uvicorn's shutdown, which waits 0.1 s after closing
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output
+    assert "Traceback" not in output and "CancelledError" not in output, output
+
+
+def test_a_second_signal_while_draining_exits_at_once_saying_what_was_left(server):
+    """The second signal during a drain that is still answering a backlog: exit now, say how many
+    requests went unanswered, no traceback."""
+    base, process, body = server.base, server.process, server.image
+
+    async def load_then_two_signals():
+        async with httpx.AsyncClient(base_url=base, timeout=60, limits=httpx.Limits(max_connections=48)) as http:
+            tasks = [asyncio.create_task(http.post("/v1/classify", content=body)) for _ in range(48)]
+            pending = await wait_for_backlog(http)
+            process.send_signal(signal.SIGINT)
+            await asyncio.to_thread(read_until, process, "draining:")
+            process.send_signal(signal.SIGINT)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        return pending, results
+
+    pending, results = asyncio.run(load_then_two_signals())
+    output, _ = process.communicate(timeout=60)
+    assert pending >= 10 and process.returncode == 0, output
+    assert "second signal: exiting now" in output and "Traceback" not in output, output
+    unanswered = [r for r in results if not isinstance(r, httpx.Response)]
+    assert unanswered  # the forced exit left some of the backlog without an answer, as it says
