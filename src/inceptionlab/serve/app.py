@@ -205,7 +205,8 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
             grpc_front = await start_grpc(state, grpc_address)
         sampler = asyncio.create_task(live.run())
         yield
-        await state.drain(state.settings.timeout_s)
+        if not state.abandoned:
+            await state.drain(state.settings.timeout_s)
         sampler.cancel()
         if grpc_front is not None:
             await grpc_front.stop()

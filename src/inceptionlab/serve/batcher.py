@@ -131,6 +131,17 @@ class DynamicBatcher:
             if not entry.future.done():
                 entry.future.cancel()  # still queued: the worker skips it; running: result dropped
 
+    def abandon(self) -> None:
+        """A forced exit: every queued request is answered now as refused (the server is exiting), so
+        its handler ends with a clean error instead of being cancelled as the event loop closes. The
+        batches already running finish."""
+        self.draining = True
+        while self.queue:
+            entry = self.queue.popleft()
+            if not entry.future.done():
+                entry.future.set_exception(Draining("the server is exiting: this request was not run"))
+        self._note_idle()
+
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests; True when every accepted one was answered within `timeout_s`."""
         self.draining = True

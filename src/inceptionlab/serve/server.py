@@ -4,7 +4,9 @@ uvicorn's own SIGTERM handling closes the listening socket at once and, after it
 re-raises the signal (the process then dies by SIGTERM, exit status 143). Here the first SIGTERM
 or SIGINT turns readiness to 503 (gRPC: NOT_SERVING) and refuses new requests (503 with a JSON body;
 gRPC: UNAVAILABLE) while queued and running ones are answered (at most `drain_s`), then uvicorn and
-the gRPC server shut down and the process exits 0. A second signal forces the exit.
+the gRPC server shut down and the process exits 0. A second signal during the drain exits at once,
+saying how many accepted requests go unanswered; one after the drain is done changes nothing (the
+shutdown under way is already quick: an impatient Ctrl-C twice on an idle server lands there).
 
 Keep-alive connections: while draining, every answer says `Connection: close` (app.CloseWhileDraining),
 so each connection a client uses during the drain is closed after its answer, and the client's next
@@ -38,6 +40,7 @@ class DrainingServer(uvicorn.Server):
         self.app, self.drain_s, self.on_ready = app, drain_s, on_ready
         self.loop: asyncio.AbstractEventLoop | None = None
         self.drain_task: asyncio.Task | None = None
+        self.signals = 0
 
     async def startup(self, sockets: list | None = None) -> None:
         self.loop = asyncio.get_running_loop()
@@ -51,15 +54,17 @@ class DrainingServer(uvicorn.Server):
         return int(self.servers[0].sockets[0].getsockname()[1])
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain_task is not None or self.loop is None:  # second signal, or not started: go now
+        self.signals += 1
+        if self.loop is None:  # not started: go now
             self.should_exit = True
-            self.force_exit = self.drain_task is not None
-            return
-        # Python runs signal handlers in the main thread, the event loop's, before its next bytecode: the
-        # flags flip before any request read after the signal is answered (on uvloop the drain task would
-        # start only after the requests of the loop's current turn, which would still be accepted).
-        self.app.state.serve.stop_accepting()
-        self.loop.call_soon_threadsafe(self._start_drain)
+        elif self.signals == 1:
+            # Python runs signal handlers in the main thread, the event loop's, before its next bytecode: the
+            # flags flip before any request read after the signal is answered (on uvloop the drain task would
+            # start only after the requests of the loop's current turn, which would still be accepted).
+            self.app.state.serve.stop_accepting()
+            self.loop.call_soon_threadsafe(self._start_drain)
+        elif not (self.drain_task is not None and self.drain_task.done()):  # drained: nothing left to force
+            self.loop.call_soon_threadsafe(self._exit_now)
 
     def _start_drain(self) -> None:
         self.drain_task = asyncio.ensure_future(self._drain())
@@ -70,6 +75,27 @@ class DrainingServer(uvicorn.Server):
         complete = await state.drain(self.drain_s)
         print("drained" if complete else "drain time over: exiting with requests unanswered", flush=True)
         self.should_exit = True
+
+    def _exit_now(self) -> None:
+        """The second signal during the drain: stop waiting for the accepted requests."""
+        if self.force_exit:
+            return
+        state = self.app.state.serve
+        if self.drain_task is not None:
+            self.drain_task.cancel()
+        running = state.pending()
+        queued = state.abandon()
+        print(f"second signal: exiting now: {queued} queued request(s) refused (503), the {running - queued} "
+              "running finish", flush=True)
+        self.should_exit = self.force_exit = True
+
+    async def shutdown(self, sockets: list | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit:
+            # uvicorn skips the app's shutdown on a forced exit, and the lifespan it leaves waiting is
+            # cancelled as the loop closes, which it logs as an error with a traceback. Run it instead:
+            # abandoned, the app stops its batchers and gRPC without draining.
+            await self.lifespan.shutdown()
 
 
 def settle_collector() -> None:

@@ -136,6 +136,7 @@ class ServeState:
         self.batchers: dict[str, DynamicBatcher] = {}
         self.ready = False
         self.draining = False
+        self.abandoned = False  # a forced exit: shut down without answering what is accepted
         self.on_drain: list[Callable[[], Awaitable[None]]] = []  # e.g. the gRPC health service
         self.grpc_port: int | None = None  # where the gRPC front end listens, when it runs
         self.unloaded: set[str] = set()  # models taken out of service by the repository's unload
@@ -162,6 +163,20 @@ class ServeState:
         self.draining = True
         for batcher in self.batchers.values():
             batcher.draining = True
+
+    def abandon(self) -> int:
+        """A forced exit: stop accepting, refuse what is queued (503 / UNAVAILABLE, as while draining),
+        and let the shutdown skip the drain. Returns how many requests were queued."""
+        self.stop_accepting()
+        self.abandoned = True
+        queued = sum(len(batcher.queue) for batcher in self.batchers.values())
+        for batcher in self.batchers.values():
+            batcher.abandon()
+        return queued
+
+    def pending(self) -> int:
+        """Accepted requests not yet answered: queued or running, over every model."""
+        return sum(batcher.pending for batcher in self.batchers.values())
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop accepting, then answer everything accepted (bounded): True when all was answered."""
