@@ -131,16 +131,19 @@ class DynamicBatcher:
             if not entry.future.done():
                 entry.future.cancel()  # still queued: the worker skips it; running: result dropped
 
-    def abandon(self) -> None:
+    def abandon(self) -> int:
         """A forced exit: every queued request is answered now as refused (the server is exiting), so
         its handler ends with a clean error instead of being cancelled as the event loop closes. The
-        batches already running finish."""
+        batches already running finish. Returns how many were refused."""
         self.draining = True
+        refused = 0
         while self.queue:
             entry = self.queue.popleft()
-            if not entry.future.done():
+            if not entry.future.done():  # done: its client gave up (timeout) already
                 entry.future.set_exception(Draining("the server is exiting: this request was not run"))
+                refused += 1
         self._note_idle()
+        return refused
 
     async def drain(self, timeout_s: float) -> bool:
         """Refuse new requests; True when every accepted one was answered within `timeout_s`."""

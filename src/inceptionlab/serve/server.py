@@ -4,9 +4,10 @@ uvicorn's own SIGTERM handling closes the listening socket at once and, after it
 re-raises the signal (the process then dies by SIGTERM, exit status 143). Here the first SIGTERM
 or SIGINT turns readiness to 503 (gRPC: NOT_SERVING) and refuses new requests (503 with a JSON body;
 gRPC: UNAVAILABLE) while queued and running ones are answered (at most `drain_s`), then uvicorn and
-the gRPC server shut down and the process exits 0. A second signal during the drain exits at once,
-saying how many accepted requests go unanswered; one after the drain is done changes nothing (the
-shutdown under way is already quick: an impatient Ctrl-C twice on an idle server lands there).
+the gRPC server shut down and the process exits 0. A second signal during the drain exits at once:
+the requests still queued are refused (503; gRPC: UNAVAILABLE) and counted on stdout, the running
+batches finish. One after the drain is done changes nothing (the shutdown under way is already quick:
+an impatient Ctrl-C twice on an idle server lands there).
 
 Keep-alive connections: while draining, every answer says `Connection: close` (app.CloseWhileDraining),
 so each connection a client uses during the drain is closed after its answer, and the client's next
@@ -83,9 +84,9 @@ class DrainingServer(uvicorn.Server):
         state = self.app.state.serve
         if self.drain_task is not None:
             self.drain_task.cancel()
-        running = state.pending()
+        accepted = state.pending()
         queued = state.abandon()
-        print(f"second signal: exiting now: {queued} queued request(s) refused (503), the {running - queued} "
+        print(f"second signal: exiting now: {queued} queued request(s) refused (503), the {accepted - queued} "
               "running finish", flush=True)
         self.should_exit = self.force_exit = True
 

@@ -169,10 +169,7 @@ class ServeState:
         and let the shutdown skip the drain. Returns how many requests were queued."""
         self.stop_accepting()
         self.abandoned = True
-        queued = sum(len(batcher.queue) for batcher in self.batchers.values())
-        for batcher in self.batchers.values():
-            batcher.abandon()
-        return queued
+        return sum(batcher.abandon() for batcher in self.batchers.values())
 
     def pending(self) -> int:
         """Accepted requests not yet answered: queued or running, over every model."""
