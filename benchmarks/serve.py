@@ -118,8 +118,9 @@ def demo_run(args: argparse.Namespace) -> Path:
     runs = args.out / "demo-run"
     trained = sorted(path.parent for path in runs.glob("*/*/*/model.pt"))
     if not trained:
-        log(f"training the demo model into {runs}: {demo_training(args.precision)[1]}")
-        subprocess.run([sys.executable, "-m", "inceptionlab", "demo", *demo_training(args.precision)[0],
+        options, why = demo_training(args.precision)
+        log(f"training the demo model into {runs}: {why}")
+        subprocess.run([sys.executable, "-m", "inceptionlab", "demo", *options,
                         "--out", str(runs), "--data", str(runs / "data"), "--samples", "1", "--no-progress"],
                        check=True, stdout=subprocess.DEVNULL)
         trained = sorted(path.parent for path in runs.glob("*/*/*/model.pt"))
