@@ -226,3 +226,20 @@ def test_pip_is_given_only_what_the_image_does_not_meet(tmp_path):
                for step in steps.values() if step.command)
     met = gpu_offline.run_step(steps["extra onnx-export"], {}, tmp_path / "log", timeout=1)
     assert met.ok and met.tail == "met by the image: onnx>=1.23, onnxscript>=0.7"
+
+
+def test_grpc_health_checking_is_carried_in_the_image_grpcio_s_own_version(tmp_path):
+    # The H200 image of 2026-12-04 has grpcio 1.84.0 and protobuf 7.36.2: the newest health-checking
+    # (1.85.1) needs grpcio >= 1.85.1, the older ones carried beside it protobuf < 7, so pip there found
+    # none it could install and the serve extra failed. Its releases track grpcio's: carry that one.
+    index = Index(tmp_path, {"grpcio-health-checking": [
+        ("1.85.1", ["grpcio>=1.85.1", "protobuf<8.0.0,>=7.35.1"], {}),
+        ("1.84.0", ["grpcio>=1.84.0", "protobuf<8.0.0,>=6.31.1"], {}),
+        *[(v, [f"grpcio>={v}", "protobuf<7.0.0,>=5.26.1"], {}) for v in ("1.78.0", "1.74.0", "1.70.0", "1.66.2")]]})
+    image = Image(**{**IMAGE.__dict__, "packages": {**IMAGE.packages, "grpcio": "1.84.0", "protobuf": "7.36.2"}})
+
+    house = collect([("grpcio-health-checking>=1.66", "extra serve")], image, index,
+                    also=gpu_offline.ALSO_CARRY)
+
+    assert not house.conflicts
+    assert [w.version for w in house.wheels["grpcio-health-checking"]] == ["1.84.0"]
