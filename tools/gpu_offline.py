@@ -74,6 +74,11 @@ LEFT_OUT = {
 # needs (1.81 wants grpcio>=1.81 and protobuf>=6.31): the image's own versions of those were not read,
 # and pip's resolver takes the newest one here that the image's grpcio and protobuf allow. ~20 kB each.
 ALSO_CARRY = {"grpcio-health-checking": ("1.66.2", "1.70.0", "1.74.0", "1.78.0")}
+# Released in lockstep with grpcio (its X.Y.Z needs grpcio >= X.Y.Z and a protobuf of its day): where the
+# table knows the image's grpcio, that very release is carried instead. The H200 image of 2026-12-04 had
+# grpcio 1.84.0 with protobuf 7.36.2, which none of the five above accepts (1.85.1: grpcio >= 1.85.1;
+# the others: protobuf < 7).
+PAIRED_WITH = {"grpcio-health-checking": "grpcio"}
 # A fallback for a package the image has in a version not read is carried only if pure Python and at
 # most this big: typing-extensions (pydantic 2.14 needs >= 4.16) is 44 kB; tensorboard (5.3 MB) is not.
 FALLBACK_MAX_BYTES = 1 * 1024 * 1024
@@ -239,13 +244,18 @@ def collect(wanted: Iterable[tuple[str, str]], image: Image, fetch: Fetch,
             continue
         if in_image and (image.packages[name] or not requirement.specifier):
             continue  # the image's version meets it, or anything does
+        paired = image.packages.get(PAIRED_WITH.get(name, ""), "")
+        if paired and requirement.specifier.contains(paired, prereleases=True):
+            text, also_here = f"{name}=={paired}", ()
+        else:
+            also_here = (also or {}).get(name, ())
         first = Wheel.read(fetch(text))
         if in_image and (not first.pure or first.bytes > FALLBACK_MAX_BYTES):
             Path(first.path).unlink()  # a compiled fallback could clash with the image's own builds
             house.not_pure.add(name)
             continue
         first.fallback = in_image
-        older = [Wheel.read(fetch(f"{name}=={version}")) for version in (also or {}).get(name, ())]
+        older = [Wheel.read(fetch(f"{name}=={version}")) for version in also_here]
         house.wheels[name] = [first, *older]
         first.needed_by.append(why)
         for wheel in house.wheels[name]:
