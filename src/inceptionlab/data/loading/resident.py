@@ -28,6 +28,7 @@ from inceptionlab.data.loading.image_options import DeviceImageOptions, batch_se
 from inceptionlab.data.loading.sampler import EpochSampler, default_num_workers
 from inceptionlab.data.splits import ArraySplit
 from inceptionlab.data.transforms.device import DeviceAugment, upright
+from inceptionlab.data.transforms.device_ops import to_device
 
 if TYPE_CHECKING:
     from inceptionlab.data.loading.decoded_cache import ImageCache
@@ -61,20 +62,12 @@ class ResidentLoader:
         self.sampler.set_epoch(epoch, start)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = on_device(self.sampler.batched_order(self.batch_size, self.drop_last), self.device)
+        order = to_device(self.sampler.batched_order(self.batch_size, self.drop_last), self.device)
         for batch in order.split(self.batch_size):
             yield self.inputs[batch], self.targets[batch]
 
     def __len__(self) -> int:
         return self.sampler.batches(self.batch_size, self.drop_last)
-
-
-def on_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`; to a GPU from pinned memory and without blocking, so the host does not
-    wait there for the steps already queued (a copy from pageable memory does)."""
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 
 
 @dataclass
@@ -105,7 +98,7 @@ class ResidentImageLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         host_order = self.sampler.batched_order(self.batch_size, self.drop_last)
-        order = on_device(host_order, self.device)  # once per epoch; each step's index is a slice of it
+        order = to_device(host_order, self.device)  # once per epoch; each step's index is a slice of it
         first_batch = self.sampler.start // self.batch_size
         generator = torch.Generator(device=self.device)
         pinned_host_cache = self.images.device.type == "cpu" and self.device.type != "cpu"

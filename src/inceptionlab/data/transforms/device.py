@@ -33,6 +33,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from inceptionlab.data.transforms.device_ops import to_device
+
 MAX_ATTEMPTS = 10  # torchvision's RandomResizedCrop.get_params tries 10 boxes before its fallback
 DEFAULT_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
@@ -418,7 +420,9 @@ class DeviceAugment:
         if device not in self._constants:
             mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
             inv_std = 1.0 / (torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1) * 255.0)
-            self._constants[device] = (mean.to(device), inv_std.to(device))
+            # Queued, not waited for: built lazily inside the first epoch, a blocking copy there was the one
+            # sync the H200's sync-debug epochs caught (2026-12-04).
+            self._constants[device] = (to_device(mean, device), to_device(inv_std, device))
         return self._constants[device]
 
     def __call__(self, images: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor,
