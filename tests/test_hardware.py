@@ -347,6 +347,46 @@ def test_time_steps_gives_up_on_a_candidate_whose_warm_up_exceeds_its_share():
     assert hardware.time_steps(step, batch=8, seconds=5.0, clock=lambda: now[0]) is None
 
 
+def test_a_warm_up_longer_than_its_share_is_not_a_verdict_the_step_after_it_is():
+    """On an H200 (2026-12-04) each candidate's warm-up was cuDNN's kernel search, ~5-6 s for Inception v3 at
+    batch 32, then ~40 ms steps: all four were called too slow and nothing was timed."""
+    now = [0.0]
+    durations = iter([6.0, 0.04, 0.04, 0.04])
+
+    def step() -> None:
+        now[0] += next(durations)
+
+    assert hardware.time_steps(step, batch=32, seconds=5.0, clock=lambda: now[0]) == pytest.approx(800.0)
+    slow = iter([6.0, 4.0, 4.0])  # a step after the warm-up still eats most of the share: too slow
+
+    def slow_step() -> None:
+        now[0] += next(slow)
+
+    assert hardware.time_steps(slow_step, batch=32, seconds=5.0, clock=lambda: now[0]) is None
+
+
+def test_a_calibration_that_timed_nothing_says_so_and_claims_no_measurement():
+    candidates = [Candidate("fp32", False), Candidate("fp32", True), Candidate("bf16", False), Candidate("bf16", True)]
+    decision = hardware.decide(candidates, fake_measure({}))  # every candidate: no figure
+    assert decision.choice == hardware.SAFE and decision.img_per_s == {}
+    assert "measured" not in decision.summary()
+    assert "nothing could be timed" in decision.summary()
+
+
+def test_on_a_gpu_the_calibration_budget_leaves_room_for_every_candidate_s_kernel_search():
+    """Four candidates whose warm-ups (cuDNN's search) take 6 s each all get timed on a GPU; a CPU keeps 20 s."""
+    now = [0.0]
+
+    def measure(candidate: Candidate, seconds: float) -> float:
+        now[0] += 6.1  # warm-up and two steps
+        return {"fp32 nchw": 700.0, "fp32 channels_last": 760.0, "bf16 nchw": 1500.0}.get(candidate.label, 2100.0)
+
+    candidates = [Candidate("fp32", False), Candidate("fp32", True), Candidate("bf16", False), Candidate("bf16", True)]
+    decision = hardware.decide(candidates, measure, budget_s=hardware.calibration_budget(SM90), clock=lambda: now[0])
+    assert decision.choice == Candidate("bf16", True) and len(decision.img_per_s) == 4
+    assert hardware.calibration_budget(ZEN4) == hardware.CALIBRATION_BUDGET_S == 20.0
+
+
 # ------------------------------------------------------------------------------- threads, MIOpen
 
 
