@@ -9,8 +9,9 @@ run's own model and data are placed.
 
 Under torchrun rank 0 decides and every rank uses its decision (broadcast): the others wait for it in
 that collective, so the calibration must end well inside the process group's timeout (NCCL's default
-10 min). It does: nothing is compiled, and once the budget (CALIBRATION_BUDGET_S, 20 s) is spent no
-further candidate runs, so rank 0's wait is the budget plus at most one step of the slowest candidate.
+10 min). It does: nothing is compiled, and once the budget (CALIBRATION_BUDGET_S, 20 s on a CPU; 60 s on a
+GPU, where each candidate's warm-up is the kernel search) is spent no further candidate runs, so rank 0's
+wait is the budget plus at most one candidate's warm-up and two steps.
 Calibrating on every rank instead would time each GPU alike but still need one decision (ranks must
 train alike), and on a CPU host the ranks' calibrations would compete for the same cores.
 """
@@ -91,7 +92,7 @@ def decide_training(recipe: Recipe, model: nn.Module, task: Any, device: torch.d
     timer = _training_measure(recipe, model, task, device, shape, batch) if measure else None
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         decision = hardware.decide(candidates, timer, key=key, cache=cache or hardware.SpeedCache(), fresh=fresh,
-                                   ruled_out=reasons)
+                                   ruled_out=reasons, budget_s=hardware.calibration_budget(facts))
     if batch != recipe.train.batch_size:
         decision.batch = batch
     return decision

@@ -37,10 +37,12 @@ from inceptionlab.hardware.cache import CacheKey, SpeedCache, cache_root, make_k
 from inceptionlab.hardware.calibration import (
     CALIBRATION_BUDGET_S,
     CLEAR_MARGIN,
+    GPU_CALIBRATION_BUDGET_S,
     MAX_TIMED_STEPS,
     MIN_TIMED_STEPS,
     Decision,
     Measure,
+    calibration_budget,
     decide,
     free_device_memory,
     gflop_per_sample,
@@ -111,12 +113,12 @@ from inceptionlab.hardware.threads import (
 
 __all__ = [
     "AMD_BF16_PREFIXES", "AMD_FP16_SLOW_PREFIXES", "AMD_NHWC_UNPROVEN_PREFIXES", "AUTO", "AUTO_ENV", "AUTO_MAX_BATCH",
-    "CALIBRATION_BUDGET_S", "CLEAR_MARGIN", "DEFAULT_SLO_MS", "LIGHT_LOAD", "MAX_AUTO_INSTANCES", "MAX_TIMED_STEPS",
+    "CALIBRATION_BUDGET_S", "CLEAR_MARGIN", "DEFAULT_SLO_MS", "GPU_CALIBRATION_BUDGET_S", "LIGHT_LOAD", "MAX_AUTO_INSTANCES", "MAX_TIMED_STEPS",
     "MIN_TIMED_STEPS", "MIOPEN_VARS", "NVIDIA_BF16_FROM", "NVIDIA_FP16_FROM", "NVIDIA_TF32_FROM", "SAFE",
     "SERVE_BUDGET_S", "SLO_RATE_MARGIN", "SLOW_MODEL_SLO_FACTOR", "CacheKey", "Candidate", "CpuSample", "Decision", "DeviceFacts",
     "GpuSettings", "Measure", "PlanLatency", "ServeDecision", "ServePlan", "SpeedCache", "ThreadGovernor", "Wanted",
     "apply_gpu_settings", "auto_delay_ms", "auto_is_safe", "baseline_of", "batch_times", "cache_root",
-    "cgroup_cpu_quota", "compile_dynamic_batch", "compile_options", "conv_slowdown", "cpu_facts", "cpu_sample",
+    "calibration_budget", "cgroup_cpu_quota", "compile_dynamic_batch", "compile_options", "conv_slowdown", "cpu_facts", "cpu_sample",
     "cudnn_benchmark", "decide", "decide_serving", "device_facts", "emulation_warning", "free_device_memory",
     "gflop_per_sample", "gpu_facts", "gpu_facts_from", "gpu_settings", "instance_threads", "layout_options",
     "make_key", "measured_figures", "measured_plans", "miopen_environment", "no_bf16_reason", "others_cpu_seconds",

@@ -24,8 +24,18 @@ log = logging.getLogger(__name__)
 CLEAR_MARGIN = 1.10
 # Calibration time bound per decision, and per candidate at most its share of it.
 CALIBRATION_BUDGET_S = 20.0
+# On a GPU each candidate's warm-up is cuDNN's kernel search for its dtype and layout: 5-6 s per candidate
+# for Inception v3 at batch 32 on an H200 (2026-12-04), then ~40 ms steps; 20 s timed none of four there.
+# The runs that calibrate on a GPU are long (one tiny-imagenet epoch is 100,000 images), and a DDP rank
+# waits for rank 0's decision well inside NCCL's 10-minute timeout.
+GPU_CALIBRATION_BUDGET_S = 60.0
 MIN_TIMED_STEPS = 2
 MAX_TIMED_STEPS = 5
+
+
+def calibration_budget(facts: Any) -> float:
+    """Seconds the calibration may spend on this device (`DeviceFacts`)."""
+    return CALIBRATION_BUDGET_S if facts.kind == "cpu" else GPU_CALIBRATION_BUDGET_S
 
 
 def gflop_per_sample(model: Any, input_shape: tuple[int, ...]) -> float | None:
@@ -67,7 +77,9 @@ class Decision:
 
     def summary(self) -> str:
         figures = ", ".join(f"{label} {ips:.1f}" for label, ips in sorted(self.img_per_s.items(), key=lambda kv: -kv[1]))
-        how = {"measured": f"measured in {self.seconds:.1f} s", "cached": "cached measurement",
+        how = {"measured": f"measured in {self.seconds:.1f} s" if figures else
+               f"the safe choice: nothing could be timed in {self.seconds:.1f} s",
+               "cached": "cached measurement" if figures else "the safe choice: nothing could be timed before",
                "probe": "probe only", "pinned": "as set", "safe": f"{AUTO_ENV}=safe"}[self.source]
         at = f" at batch {self.batch}" if self.batch else ""
         evidence = f"; img/s{at}: {figures}" if figures else ""
@@ -195,7 +207,7 @@ def _measure_safely(measure: Callable[[Any, float], float | None], candidate: An
     else:
         if figure is not None and math.isfinite(figure) and figure > 0:
             return figure, ""
-        return None, f"too slow to measure here (its warm-up took more than its {seconds:.1f} s share)"
+        return None, f"too slow to measure here (a step after its warm-up took most of its {seconds:.1f} s share)"
     if why.startswith(OUT_OF_MEMORY):  # outside the handler: the exception and its frames are gone
         free_device_memory()
     return None, why
@@ -242,16 +254,22 @@ def time_steps(step: Callable[[], None], batch: int, seconds: float, clock: Call
     (kernel search, oneDNN primitive creation), then timed calls until `max_steps` or `seconds`.
 
     The median step is used: the first timed steps on a GPU can still include autotuning. None when
-    no time is left (nothing runs) or when the warm-up alone used the whole share (the candidate is
-    too slow to be the answer here).
+    no time is left (nothing runs), or when the warm-up used the whole share and the step after it
+    still takes more than a `min_steps`-th of it (the candidate is too slow to be the answer here).
+    A long warm-up alone is no verdict: on a GPU it is the kernel search (5-6 s per candidate on an
+    H200, then ~40 ms steps), so such a candidate costs its warm-up and `min_steps` steps.
     """
     if seconds <= 0:
         return None
     start = clock()
     step()
-    if clock() - start > seconds:
-        return None
     times: list[float] = []
+    if clock() - start > seconds:
+        began = clock()
+        step()
+        times.append(clock() - began)
+        if times[0] > seconds / min_steps:
+            return None
     while len(times) < max_steps and (len(times) < min_steps or clock() - start < seconds):
         began = clock()
         step()
