@@ -225,6 +225,23 @@ def test_a_report_killed_from_outside_keeps_the_parts_that_finished(tmp_path):
     assert not list((tmp_path / "out").glob("*.partial"))
 
 
+def test_time_a_part_leaves_unused_goes_to_the_parts_after_it(tmp_path, monkeypatch):
+    """On the H200 (2026-12-04) the report ended at 327 of its 480 s while gpu-tests and bench were stopped at
+    their own 60 s: the time the earlier parts left is the later parts' (the skipped ones' too)."""
+    parts = [python_part("quick", "print('{}')", budget=20),
+             python_part("skipped", "print('{}')", budget=20),
+             python_part("long", "import time; time.sleep(3); print('{}')", budget=1),
+             python_part("last", "print('{}')", budget=5)]
+    parts[1].skip = "not here"
+    monkeypatch.setattr(gpu_report, "plan", lambda machine, data, work, dry_run: parts)
+
+    json_path, _ = gpu_report.run_report(IMAGE, tmp_path, tmp_path, tmp_path / "work", say=lambda line: None,
+                                         env=environment("cpu"), budget_s=46)
+
+    rows = {row["part"]: row for row in json.loads(json_path.read_text())["rows"]}
+    assert rows["long"]["status"] == "ok" and rows["last"]["status"] == "ok"
+
+
 def test_a_part_past_the_deadline_is_skipped(tmp_path):
     outcome = gpu_report.run_part(python_part("late", "print(1)"), tmp_path, time.monotonic() - 1,
                                   say=lambda line: None)
