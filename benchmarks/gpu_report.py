@@ -69,16 +69,16 @@ CHECK_TIMEOUT_S = 240  # one dry-run check (a --help, a test collection: 10 s id
 DRY_RUN_WORKERS = 4  # checks at a time: each is a Python start-up, mostly waiting on imports
 
 # Time budgets in seconds, in the order the parts run: the most valuable figures first. The sum is
-# TOTAL_BUDGET_S; a part that finishes early leaves its time to the next ones.
+# TOTAL_BUDGET_S; a part that finishes early (or is skipped) leaves its time to the next ones (run_part).
 BUDGETS = {
-    "doctor": 40,  # ~10 s on an idle machine; 45 s on 2 cores shared by a dozen processes
-    "train": 130,
-    "sync-debug": 45,
-    "calibration": 60,
-    "gpu-tests": 60,
-    "bench": 60,
-    "bench-ort": 40,
-    "serve": 45,
+    "doctor": 30,  # 14 s on the H200 (2026-12-04); ~10 s on an idle machine
+    "train": 150,  # 109 s on the H200, before auto's calibration timed its four candidates (~30 s more)
+    "sync-debug": 30,  # 19 s on the H200
+    "calibration": 70,  # 47 s on the H200 timing nothing; four kernel searches of 5-6 s each and the set-up
+    "gpu-tests": 70,  # 46 s of tests and ~15 s of start-up on the H200, stopped at 60
+    "bench": 60,  # Inception v3's compile at two precisions alone takes more: it gets what the others leave
+    "bench-ort": 30,
+    "serve": 40,
 }
 # GPU-marked tests that get a part of their own (they run before the rest), by pytest keyword:
 # part name -> (keyword expression, title). A test is picked by its name, its module's or a marker.
@@ -390,8 +390,10 @@ def _serve_configs(cpus: int) -> list[str]:
 
 
 def run_part(part: Part, work: Path, deadline: float, dry_run: bool = False,
-             say: Callable[[str], None] = print) -> Outcome:
-    """Run one part within min(its budget, what is left before `deadline`); never raises."""
+             say: Callable[[str], None] = print, reserve: float = 0.0) -> Outcome:
+    """Run one part within what is left before `deadline` less `reserve` (the budgets of the parts still to
+    run), and at least its own budget while the deadline allows: time the earlier parts did not use is
+    this one's. Never raises."""
     outcome = Outcome(part.name, part.title, "planned", part.budget_s, shown(part.command))
     say(f"[{part.name}] {outcome.command}")
     if part.skip:
@@ -404,7 +406,8 @@ def run_part(part: Part, work: Path, deadline: float, dry_run: bool = False,
             outcome.status = "failed"
         say(f"[{part.name}] {outcome.status}: {outcome.error or outcome.summary}")
         return outcome
-    budget = min(part.budget_s, deadline - time.monotonic())
+    left = deadline - time.monotonic()
+    budget = min(left, max(part.budget_s, left - reserve))
     if budget <= 0:
         outcome.status, outcome.summary = "skipped", "the report's time was spent"
         return outcome
@@ -621,7 +624,9 @@ def run_report(machine: Machine, data: Path, out: Path, work: Path, dry_run: boo
     # A dry run measures nothing: its checks (and the doctor) run side by side. A real run's parts share
     # the GPU, so they run one after another.
     with ThreadPoolExecutor(max_workers=DRY_RUN_WORKERS if dry_run else 1) as pool:
-        running = [pool.submit(run_part, part, work, deadline, dry_run, say) for part in parts]
+        reserves = [sum(later.budget_s for later in parts[index + 1:] if not later.skip) for index in range(len(parts))]
+        running = [pool.submit(run_part, part, work, deadline, dry_run, say, reserve)
+                   for part, reserve in zip(parts, reserves)]
         for index, future in enumerate(running):
             outcomes.append(future.result())
             paths = report.write(outcomes, parts[index + 1:])
