@@ -172,3 +172,33 @@ def test_a_nan_on_one_rank_stops_every_rank_with_the_same_message(tmp_path):
     torchrun_two_ranks(NONFINITE_HELPER, tmp_path, timeout=180)
     zero, one = ((tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1))
     assert zero == one == "loss is nan at step 8 on rank 1"
+
+
+WEIGHTED_STEP_HELPER = Path(__file__).parent / "helpers" / "ddp_weighted_step.py"
+
+
+@pytest.mark.slow  # torchrun, a training session built on each rank
+def test_a_ddp_step_with_class_weights_is_the_whole_batchs_step(tmp_path):
+    """Two ranks with their halves of a skewed batch, accumulating micro-batches of 2, class weights
+    [1, 10, 1]: the update is one process's step on the whole batch (its weighted mean loss). With each
+    rank dividing by its own sum of weights (60 and 24) DDP's average of the gradients was not that."""
+    from helpers.ddp_weighted_step import CLASS_WEIGHTS, the_batch
+    from torch.nn import functional as F
+
+    from inceptionlab.models.small import cifar10_cnn
+
+    images = make_image_folder(tmp_path / "images", train_per_class=4, val_per_class=1, size=32)
+    out = tmp_path / "out"
+    out.mkdir()
+    torchrun_two_ranks(WEIGHTED_STEP_HELPER, out, images, timeout=240)
+    zero, one = (torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))
+    assert all(torch.equal(zero["after"][key], one["after"][key]) for key in zero["after"])
+    model = cifar10_cnn(num_classes=3)
+    model.load_state_dict(zero["before"])
+    inputs, targets = the_batch()
+    weights = torch.tensor(CLASS_WEIGHTS)
+    F.cross_entropy(model(inputs), targets, weight=weights, label_smoothing=0.1).backward()  # torch's weighted mean
+    for name, param in model.named_parameters():
+        expected = zero["before"][name] - zero["lr"][name] * param.grad
+        torch.testing.assert_close(zero["after"][name], expected, rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, n=name: f"{n}: {m}")

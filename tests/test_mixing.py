@@ -158,6 +158,26 @@ def test_soft_target_loss_is_smoothed_cross_entropy_in_either_order(smoothing):
     torch.testing.assert_close(task.loss(logits, F.one_hot(y, C).float()), task.loss(logits, y))
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_with_class_weights_one_hot_and_mixed_targets_keep_the_index_targets_scale(smoothing):
+    """Class weights divide a batch's summed loss by sum_i sum_c q_ic w_c (q: the unsmoothed target),
+    w_y for a one-hot row: for a mixed batch, whose rows pair each label with the one before,
+    sum_i (lam w_y_i + (1 - lam) w_y_i-1) = sum_i w_y_i, the unmixed batch's. Probability targets were
+    divided by N instead (index 2.729 vs one-hot 2.473 on one batch), so the scale jumped at mix_off_epoch."""
+    generator = torch.Generator().manual_seed(2)
+    weights = torch.linspace(0.5, 5.0, C)
+    y = torch.tensor([9, 9, 9, 9, 9, 0, 1, 2])
+    logits = torch.randn(8, C, generator=generator)
+    task = MulticlassTask(C, label_smoothing=smoothing, class_weights=weights)
+    torch.testing.assert_close(task.loss(logits, F.one_hot(y, C).float()), task.loss(logits, y))
+    for step in (2, 4):  # seed 0 draws CutMix at step 2, MixUp at step 4
+        _, soft = BatchMix(C, mixup_alpha=1.0, cutmix_alpha=1.0, seed=0)(constant_batch(), y, 0, step)
+        assert 0 < float(soft.max(dim=1).values.min()) < 1  # mixed
+        smoothed = (1 - smoothing) * soft + smoothing / C
+        by_hand = -(smoothed * weights * logits.log_softmax(dim=1)).sum() / weights[y].sum()
+        torch.testing.assert_close(task.loss(logits, soft), by_hand)
+
+
 def test_soft_targets_reach_the_aux_head_with_its_weight():
     generator = torch.Generator().manual_seed(1)
     main, aux = torch.randn(4, C, generator=generator), torch.randn(4, C, generator=generator)

@@ -354,8 +354,8 @@ class EmaConfig:
     the trained weights'. Checkpoints hold both."""
 
     decay: Optional[float] = None  # null: off; e.g. 0.9998 (timm's train.py default)
-    # Warm-up (timm's use_warmup): update k uses min(decay, 1 - (1 + k / warmup_gamma)^-warmup_power),
-    # so the average is not dominated by the random start in short runs.
+    # Warm-up (timm's use_warmup): update k (from 1) uses min(decay, 1 - (1 + (k - 1) / warmup_gamma)^-warmup_power),
+    # 0 for the first (a copy), so the average is not dominated by the random start in short runs (engine/ema.py).
     warmup: bool = True
     warmup_gamma: float = 1.0
     warmup_power: float = 0.75  # timm: 3/4 for runs under ~1M steps (0.999 after 10k updates)

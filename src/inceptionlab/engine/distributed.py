@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -63,6 +63,27 @@ def agree_at_log(loss: float, stop: bool, info: DistInfo, device: torch.device) 
     dist.all_reduce(agreed)
     stop_sum, *losses = agreed.tolist()
     return stop_sum > 0, losses
+
+
+def normaliser_over_ranks(task: Any, info: DistInfo) -> Callable[[torch.Tensor | float], torch.Tensor] | None:
+    """What each rank divides its summed loss by so that DDP's average of the ranks' gradients is the
+    gradient of the whole step's loss, sum over ranks of the summed losses / sum over ranks of the
+    normalisers (engine/task.py): the ranks' mean normaliser, one all-reduce of a scalar per step.
+
+    Only with class weights: then a rank's normaliser is the sum of its samples' weights, which differs
+    between ranks (a skewed batch split 60 : 24 of weight), and each rank's own weighted mean, averaged,
+    is not the batch's. Without them a normaliser is a rank's sample count, the same on every rank (the
+    sampler gives each rank as many samples, its batches the same sizes), so DDP's mean is already exact
+    and the step keeps its one collective. None: divide by the rank's own."""
+    if not info.enabled or getattr(task, "class_weights", None) is None:
+        return None
+
+    def ranks_mean(normaliser: torch.Tensor | float) -> torch.Tensor:
+        total = torch.as_tensor(normaliser, dtype=torch.float32).clone()
+        dist.all_reduce(total)  # queued on the device's stream under NCCL: no host sync
+        return total / info.world_size
+
+    return ranks_mean
 
 
 def gather_from_all(obj: Any, info: DistInfo) -> list[Any]:

@@ -37,7 +37,8 @@ def alone(loss: float) -> tuple[bool, list[float]]:
 
 
 class Task(Protocol):
-    def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor: ...
+    def loss_sum(self, output: Any, targets: torch.Tensor) -> torch.Tensor: ...
+    def normaliser(self, targets: torch.Tensor) -> torch.Tensor | float: ...
     def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
     def correct(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor: ...
     def meter(self, device: torch.device, confusion: bool = False) -> Any: ...
@@ -53,8 +54,12 @@ class StepSettings:
     # MixUp/CutMix (data/transforms/mixing.py): (inputs, targets, epoch, step) -> (inputs, loss targets)
     mix: Callable[[torch.Tensor, torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
     # Gradient accumulation: a batch larger than this is run in parts of at most this many samples, each
-    # part's loss weighted by its share of the batch, gradients summed, one optimizer step (None: whole).
+    # part's summed loss divided by the whole batch's normaliser, gradients summed, one optimizer step
+    # (None: whole).
     micro_batch: int | None = None
+    # Under DDP, which averages the ranks' gradients: this rank's normaliser -> what it divides by, the
+    # ranks' mean normaliser (engine/distributed.py: normaliser_over_ranks). None: its own.
+    normaliser_over_ranks: Callable[[torch.Tensor | float], torch.Tensor | float] | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.precision)
@@ -97,53 +102,52 @@ def train_step(
     inputs: torch.Tensor,
     targets: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimisation step; returns (loss, main logits), both detached."""
+    """One optimisation step; returns (loss, main logits), both detached. The loss is the batch's
+    per-sample (class-weighted) mean, whatever micro-batching did."""
     optimizer.zero_grad(set_to_none=True)
-    if settings.micro_batch is not None and targets.shape[0] > settings.micro_batch:
-        loss, logits = _accumulate(model, task, scaler, settings, inputs, targets)
-    else:
-        with settings.autocast():
-            output = model(inputs)
-            loss = task.loss(output, targets)
-        logits = main_logits(output)
-        if scaler.is_enabled():
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
+    loss, logits = _forward_backward(model, task, scaler, settings, inputs, targets)
     if not scaler.is_enabled():
         # fp32/bf16: the plain step. The disabled scaler's calls cost ~25 us of Python per step,
         # 0.15 s over IMDB's 6,250 steps.
         if settings.grad_clip_norm is not None:
             nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip_norm)
         optimizer.step()
-        return loss.detach(), logits.detach()
+        return loss, logits
     if settings.grad_clip_norm is not None:
         scaler.unscale_(optimizer)
         nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip_norm)
     scaler.step(optimizer)
     scaler.update()
-    return loss.detach(), logits.detach()
+    return loss, logits
 
 
-def _accumulate(model: nn.Module, task: Task, scaler: torch.amp.GradScaler, settings: StepSettings,
-                inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward and backward in parts of `settings.micro_batch`; the gradients add up to the whole
-    batch's (its mean loss is the parts' losses weighted by their share). Under DDP the gradients are
-    all-reduced once, with the last part's backward."""
-    total = targets.shape[0]
-    parts = list(zip(inputs.split(settings.micro_batch), targets.split(settings.micro_batch)))
+def _forward_backward(model: nn.Module, task: Task, scaler: torch.amp.GradScaler, settings: StepSettings,
+                      inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward and backward, in parts of `settings.micro_batch` when the batch is larger: each part's
+    summed loss is divided by the whole batch's normaliser (engine/task.py), so the parts' gradients add
+    up to the whole batch's mean loss's, class weights and soft targets included. Under DDP the gradients
+    are all-reduced once, with the last part's backward. Returns the (loss, main logits) of the batch."""
+    normaliser = task.normaliser(targets)
+    divisor = normaliser if settings.normaliser_over_ranks is None else settings.normaliser_over_ranks(normaliser)
+    if settings.micro_batch is None or targets.shape[0] <= settings.micro_batch:
+        parts = [(inputs, targets)]
+    else:
+        parts = list(zip(inputs.split(settings.micro_batch), targets.split(settings.micro_batch)))
     no_sync = getattr(model, "no_sync", None)
-    losses, logits = [], []
+    sums, logits = [], []
     for index, (part_inputs, part_targets) in enumerate(parts):
         last = index == len(parts) - 1
         with contextlib.nullcontext() if last or no_sync is None else no_sync():
             with settings.autocast():
                 output = model(part_inputs)
-                loss = task.loss(output, part_targets) * (part_targets.shape[0] / total)
+                summed = task.loss_sum(output, part_targets)
+            loss = summed / divisor
             (scaler.scale(loss) if scaler.is_enabled() else loss).backward()
-        losses.append(loss.detach())
+        sums.append(summed.detach())
         logits.append(main_logits(output).detach())
-    return torch.stack(losses).sum(), torch.cat(logits)
+    if len(parts) == 1:
+        return sums[0] / normaliser, logits[0]
+    return torch.stack(sums).sum() / normaliser, torch.cat(logits)
 
 
 def train_one_epoch(

@@ -25,7 +25,7 @@ from inceptionlab.data.loading.sampler import balanced_sample_weights, class_cou
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
 from inceptionlab.engine.batch_size import resolve_batch_sizes
-from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed
+from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed, normaliser_over_ranks
 from inceptionlab.engine.ema import ModelEma
 from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
@@ -139,7 +139,8 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     if any(loader.yields_normalised for loader in (train_loader, val_loader)):
         prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
     settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every,
-                            mix=_batch_mix(recipe, spec, num_classes, dist), micro_batch=_micro_batch(recipe))
+                            mix=_batch_mix(recipe, spec, num_classes, dist), micro_batch=_micro_batch(recipe),
+                            normaliser_over_ranks=normaliser_over_ranks(task, dist))
     weights_notes = built.report or ["weights: random init (training from scratch)"]
     notes = [*splits.notes, *weights_notes,
              f"parameters: {parts.describe()}", *_optimizer_notes(recipe, optimizer), *batch_notes,

@@ -2,6 +2,14 @@
 
 Models with auxiliary classifiers (Inception v3's AuxLogits, GoogLeNet's aux1/aux2) return a tuple
 in training mode; the task, not the loop, knows to add their loss with its weight.
+
+The task owns the loss's normalisation: `loss_sum` is the batch's summed per-sample loss and
+`normaliser` what that sum is divided by, the batch's count or, with class weights, the sum of its
+samples' weights (a function of the targets alone, so the loop knows a whole step's before its first
+micro-batch runs). The loop divides a step's summed loss once by the step's normaliser
+(engine/loop.py: train_step), so micro-batching, MixUp/CutMix and class weights compose: any split of
+a batch makes the whole batch's step. A part divided by its own sum of weights did not: at one sample
+per part each weight cancelled itself.
 """
 
 from __future__ import annotations
@@ -36,22 +44,42 @@ class MulticlassTask:
     aux_loss_weight: float = 0.4  # Inception v3 paper's weight for the auxiliary classifier
     class_weights: torch.Tensor | None = None  # train.class_weights: cross-entropy's per-class weight
 
-    def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy against class indices (N,) or class probabilities (N, C), the soft targets of
-        MixUp/CutMix (data/transforms/mixing.py); the aux heads see the same targets.
+    def loss_sum(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy summed over the batch, against class indices (N,) or class probabilities (N, C),
+        the soft targets of MixUp/CutMix (data/transforms/mixing.py); the aux heads see the same targets.
 
         Label smoothing e turns either target q (one-hot or mixed) into (1 - e) * q + e / C, torch's
         `cross_entropy(..., label_smoothing=e)` for indices and probabilities alike (torchvision's
         references mix, then smooth this way). Both steps are linear and the mixing weights sum to 1,
-        so it equals smoothing each one-hot target, then mixing (timm's order).
+        so it equals smoothing each one-hot target, then mixing (timm's order). With class weights w a
+        sample's term is -sum_c w_c q'_c log p_c (q' smoothed): torch's summed weighted cross-entropy,
+        the same for an index and its one-hot row.
         """
         logits, aux = split_outputs(output)
         weight = _on(self.class_weights, logits)
-        loss = F.cross_entropy(logits, targets, weight=weight, label_smoothing=self.label_smoothing)
+        loss = F.cross_entropy(logits, targets, weight=weight, label_smoothing=self.label_smoothing, reduction="sum")
         for aux_logits in aux:
             loss = loss + self.aux_loss_weight * F.cross_entropy(aux_logits, targets, weight=weight,
-                                                                 label_smoothing=self.label_smoothing)
+                                                                 label_smoothing=self.label_smoothing, reduction="sum")
         return loss
+
+    def normaliser(self, targets: torch.Tensor) -> torch.Tensor | float:
+        """The batch's count, or with class weights sum_i sum_c q_ic w_c over the unsmoothed targets q:
+        w_y for an index or one-hot row (torch's weighted mean divides by it), lam w_y + (1 - lam) w_y'
+        for a mixed one. MixUp/CutMix pair each sample with another of the same batch, so a mixed
+        batch's normaliser is its unmixed one's: the loss keeps its scale while mixing is on and at
+        `mix_off_epoch` (probability targets divided by N, index targets by sum w_y: 2.473 against 2.729
+        on one batch)."""
+        if self.class_weights is None:
+            return float(targets.shape[0])
+        weight = _on(self.class_weights, targets)
+        if targets.dim() == 1:
+            return weight[targets].sum()
+        return (targets.float() @ weight).sum()
+
+    def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """One batch's loss: its summed loss over its normaliser (the per-sample, weighted, mean)."""
+        return self.loss_sum(output, targets) / self.normaliser(targets)
 
     def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # Validation loss is plain cross-entropy (no smoothing) so runs compare on one scale.
@@ -89,13 +117,24 @@ class BinaryTask:
     label_smoothing: float = 0.0
     class_weights: torch.Tensor | None = None  # [negative, positive]: a weighted mean, as cross-entropy's
 
-    def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+    def loss_sum(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """Binary cross-entropy summed over the batch, each sample's term times its class's weight."""
         logits = main_logits(output).reshape(-1)
         soft = targets.float() * (1 - self.label_smoothing) + 0.5 * self.label_smoothing
         if self.class_weights is None:
-            return F.binary_cross_entropy_with_logits(logits, soft)
+            return F.binary_cross_entropy_with_logits(logits, soft, reduction="sum")
         weight = _on(self.class_weights, logits)[targets]
-        return (F.binary_cross_entropy_with_logits(logits, soft, reduction="none") * weight).sum() / weight.sum()
+        return (F.binary_cross_entropy_with_logits(logits, soft, reduction="none") * weight).sum()
+
+    def normaliser(self, targets: torch.Tensor) -> torch.Tensor | float:
+        """The batch's count, or the sum of its samples' class weights (MulticlassTask.normaliser)."""
+        if self.class_weights is None:
+            return float(targets.shape[0])
+        return _on(self.class_weights, targets)[targets].sum()
+
+    def loss(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """One batch's loss: its summed loss over its normaliser (the per-sample, weighted, mean)."""
+        return self.loss_sum(output, targets) / self.normaliser(targets)
 
     def eval_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(logits.reshape(-1).float(), targets.float())
