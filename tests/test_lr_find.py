@@ -47,7 +47,7 @@ def test_lr_find_restores_the_weights_and_suggests_both_rates(image_folder):
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.requires_grad for p in s.model.parameters())
     found = recommendation(results)
-    assert set(found) <= {"optim.lr", "finetune.body_lr_mult"}
+    assert set(found.values) <= {"optim.lr", "finetune.body_lr_mult"}
 
 
 def test_progress_advances_as_the_steps_run_not_before(image_folder):
@@ -196,7 +196,7 @@ def test_the_plot_shows_both_suggestions_on_their_curves():
     assert len([c for c in ax.collections if len(c.get_offsets())]) == 2  # each suggestion a point on its curve
 
 
-def test_cli_prints_the_cap_and_why_each_test_ended(image_folder, tmp_path, cli):
+def test_cli_reports_its_notes_and_keeps_each_suggestion_before_its_minimum(image_folder, tmp_path, cli):
     sets = [x for item in [*FAST, *SMALL_CNN] for x in ("--set", item)]
     result = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, *sets, "--steps", "12",
                  "--start", "1e-4", "--out", tmp_path / "lr", "--json", "--no-progress")

@@ -29,8 +29,8 @@ def lr_find(
     """Find the learning rates to fine-tune with: Smith's range test, for the head, then the whole model.
     The rate rises exponentially, one value per training step, from the recipe's starting weights,
     first for the head alone (the body frozen as in head-only epochs), then for the whole model.
-    Suggests optim.lr (the head's steepest descent of the smoothed loss) and finetune.body_lr_mult (the
-    whole model's over the head's); draws the curves. The weights are not changed: nothing is saved but
+    Suggests optim.lr (the head's steepest descent of the smoothed loss, before its minimum) and
+    finetune.body_lr_mult (the whole model's over the head's, at most 1); draws the curves. The weights are not changed: nothing is saved but
     the plot and the numbers.
 
     Examples:
@@ -69,7 +69,8 @@ def lr_find(
     tests = {part: test.to_dict() for part, test in results.items()}
     plot = plot_lr_find(tests, folder / "lr_find.png")
     suggested = recommendation(results)
-    report = {"recipe": loaded.name, "rule": RULE, "suggested": suggested, "tests": tests, "plot": str(plot)}
+    report = {"recipe": loaded.name, "rule": RULE, "suggested": suggested.values, "notes": suggested.notes,
+              "tests": tests, "plot": str(plot)}
     atomic_write_json(folder / "lr_find.json", report)
     if as_json:
         print(json.dumps(report))
@@ -78,8 +79,10 @@ def lr_find(
         found = f"{test.suggestion:.3g}" if test.suggestion else "none (the loss never fell)"
         print(f"{part}: suggested lr {found}; {len(test.lrs)} steps, {test.ended}")
     print(f"rule: {RULE}")
-    if suggested:
-        print("set: " + " ".join(f"--set {key}={value:.3g}" for key, value in suggested.items()))
+    for note in suggested.notes:
+        print(f"note: {note}")
+    if suggested.values:
+        print("set: " + " ".join(f"--set {key}={value:.3g}" for key, value in suggested.values.items()))
     print(f"plot: {plot}")
 
 
