@@ -134,6 +134,37 @@ def test_missing_weights_say_which_file_goes_where(tmp_path, monkeypatch):
     assert str(tmp_path / "empty_hub" / "checkpoints") in message and "\n" not in message
 
 
+def test_a_download_of_imagenet_weights_is_said_in_our_words_before_it_starts(tmp_path, monkeypatch, capsys):
+    """torch printed its own `Downloading: "<url>" to <path>` line (on stdout, inside `--json` output too)
+    before the project's one-line error: a network attempt the user did not see coming, said in another
+    program's words."""
+    from inceptionlab.models.registry import cached_weights_file
+
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty_hub"))
+    told = []
+
+    def offline(url, dst, *args, **kwargs):
+        told.append(capsys.readouterr())  # what the user had read when the network was tried
+        raise OSError("offline")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    with pytest.raises(UserError, match="not found and not downloadable"):
+        build_model("resnet18", num_classes=3, weights="imagenet")
+    (said,) = told
+    after = capsys.readouterr()
+    assert "Downloading" not in said.out + said.err + after.out + after.err and said.out == ""
+    before = said.err
+    assert before.startswith("weights: downloading resnet18's ImageNet weights") and before.count("\n") == 1
+    assert str(tmp_path / "empty_hub" / "checkpoints") in before and "resnet18-f37072fd.pth" in before
+
+    # In the cache: read from there, no word and no network.
+    target = cached_weights_file("resnet18")
+    target.parent.mkdir(parents=True)
+    torch.save(torchvision.models.resnet18().state_dict(), target)
+    build_model("resnet18", num_classes=3, weights="imagenet")
+    assert len(told) == 1 and capsys.readouterr() == ("", "")
+
+
 def test_imagenet_if_cached_falls_back_to_scratch(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty_hub"))
     built = build_model("inception_v3", num_classes=10, weights="imagenet_if_cached")
