@@ -159,7 +159,7 @@ def test_a_download_of_imagenet_weights_is_said_in_our_words_before_it_starts(tm
 
     # In the cache: read from there, no word and no network.
     target = cached_weights_file("resnet18")
-    target.parent.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     torch.save(torchvision.models.resnet18().state_dict(), target)
     build_model("resnet18", num_classes=3, weights="imagenet")
     assert len(told) == 1 and capsys.readouterr() == ("", "")
