@@ -14,6 +14,7 @@ from inceptionlab.models.registry import (
     rebuild_model,
 )
 from inceptionlab.models.spec import ModelSpec
+from helpers.page_examples import check_example
 
 
 def own_models() -> list[str]:
@@ -163,6 +164,20 @@ def test_a_download_of_imagenet_weights_is_said_in_our_words_before_it_starts(tm
     torch.save(torchvision.models.resnet18().state_dict(), target)
     build_model("resnet18", num_classes=3, weights="imagenet")
     assert len(told) == 1 and capsys.readouterr() == ("", "")
+
+
+def test_predict_without_the_weights_or_a_network_says_what_it_tried_and_which_file_goes_where(
+        tmp_path, monkeypatch, sample_photos, cli):
+    import urllib.error
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty_hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    result = cli("predict", sample_photos / "dog.jpg")
+    assert result.code == 2
+    check_example("first-steps-weights-missing", result.err)
 
 
 def test_imagenet_if_cached_falls_back_to_scratch(tmp_path, monkeypatch):

@@ -49,12 +49,12 @@ MARKER = re.compile(r"^<!-- output: (?P<id>[a-z0-9-]+|none \([^)]*\))(?:; labels
 FENCE = re.compile(r"^\s*```")
 GAP = "..."
 
-NUMBER = re.compile(r"(?<![\w.-])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)*|\.\d+)(?:e[-+]?\d+)?(?:%|x)?(?![\w])")
+NUMBER = re.compile(r"(?<![\w.-])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)*(?:-\d+(?:\.\d+)*)*|\.\d+)(?:e[-+]?\d+)?(?:%|x)?(?![\w])")
 PLACEHOLDER = re.compile(r"<[a-z][a-z _-]*>")  # a page's <url>, <pid>: whatever the program prints there
 FILE = re.compile(r"(?<![\w/.-])[\w.~-]+\.(?:png|jpe?g|JPE?G|pth|pt|json|jsonl|csv|npy|onnx|html|txt|gz|zip|yaml|pbtxt|xml|bin)\b")
 PATH_TOKEN = re.compile(r"[^\s\"'()\[\],;=`]*[A-Za-z<.~][^\s\"'()\[\],;=`]*/[^\s\"'()\[\],;=`]*|"
                         r"[^\s\"'()\[\],;=`]*/[^\s\"'()\[\],;=`]*[A-Za-z>][^\s\"'()\[\],;=`]*")
-DURATION = re.compile(r"# ?(?:s|ms|min|h)\b")
+DURATION = re.compile(r"(?<![\w.])\d+(?:\.\d+)? ?(?:s|ms|min|h)\b")
 VALUE = "#"
 
 
@@ -122,12 +122,12 @@ def example(block_id: str) -> Example:
 def normalise(line: str, labels: Iterable[str] = ()) -> str:
     """A line's shape: labels, numbers, paths and files become placeholders; spaces collapse."""
     text = PLACEHOLDER.sub("<path>", line.strip())
-    text = PATH_TOKEN.sub("<path>", text)
+    text = PATH_TOKEN.sub(lambda m: "<path>" + (m.group()[-1] if m.group()[-1] in ":." else ""), text)
     text = FILE.sub("<path>", text)
     for label in sorted(set(labels), key=len, reverse=True):
         text = re.sub(rf"(?<![\w-]){re.escape(label)}(?![\w-])", VALUE, text)
-    text = re.sub(r"#(?:,#)+", VALUE, NUMBER.sub(VALUE, text))  # a list of numbers is one value: 1,2,4,8
     text = DURATION.sub("<time>", text)
+    text = re.sub(r"#(?:,#)+", VALUE, NUMBER.sub(VALUE, text))  # a list of numbers is one value: 1,2,4,8
     return re.sub(r"\s+", " ", text)
 
 
