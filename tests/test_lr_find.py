@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FAST
+from helpers.page_examples import check_example
 
 from inceptionlab.config import load_recipe
 from inceptionlab.engine.lr_find import find_learning_rates, range_test, rates, recommendation, suggest
@@ -78,6 +79,7 @@ def test_cli_without_a_terminal_says_how_far_each_range_test_is(image_folder, tm
     assert [line.split(":")[0] for line in lines] == ["range test head"] * 10 + ["range test body"] * 10
     assert lines[0].startswith("range test head: step 2/20, lr ") and "left" in lines[0]
     assert lines[-1].startswith("range test body: step 20/20, lr 0.001")
+    check_example("fine-tuning-lr-find-progress", result.out)
 
 
 def test_cli_writes_the_plot_and_json(image_folder, tmp_path, cli):
@@ -206,3 +208,19 @@ def test_cli_reports_its_notes_and_keeps_each_suggestion_before_its_minimum(imag
     for test in report["tests"].values():
         if test["suggestion"] is not None:
             assert test["suggestion"] < test["lrs"][test["smoothed"].index(min(test["smoothed"]))]
+
+
+def test_the_fine_tuning_pages_example_is_what_the_command_prints_for_such_curves():
+    """Two curves that fall, then jump (the smoothed loss over 4x its best at once), the body's steepest
+    descent far above the head's: the lines the command prints, with the cap's note."""
+    import math as m
+
+    from inceptionlab.cli.lr_find import summary_lines
+
+    def curve(centre: int, jump: int) -> list[float]:
+        return [2 - m.tanh((k - centre) / 3) if k < jump else 1000.0 for k in range(60)]
+
+    lrs = rates(1e-7, 10.0, 60)
+    results = {"head": range_test(replay(curve(15, 49)), lrs, "head"), "body": range_test(replay(curve(40, 54)), lrs, "body")}
+    lines = summary_lines(results, recommendation(results), Path("runs/lr-find/x/lr_find.png"))
+    check_example("fine-tuning-lr-find", "\n".join(lines))

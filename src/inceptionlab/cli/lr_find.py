@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -75,15 +75,22 @@ def lr_find(
     if as_json:
         print(json.dumps(report))
         return
+    print("\n".join(summary_lines(results, suggested, plot)))
+
+
+def summary_lines(results: dict, suggested: Any, plot: Path) -> list[str]:
+    """What the range tests found, as the command prints it: each test, the rule, notes, the values to set."""
+    from inceptionlab.engine.lr_find import RULE  # start-up time: torch, as in lr_find()
+
+    lines = []
     for part, test in results.items():
         found = f"{test.suggestion:.3g}" if test.suggestion else "none (the loss never fell)"
-        print(f"{part}: suggested lr {found}; {len(test.lrs)} steps, {test.ended}")
-    print(f"rule: {RULE}")
-    for note in suggested.notes:
-        print(f"note: {note}")
+        lines.append(f"{part}: suggested lr {found}; {len(test.lrs)} steps, {test.ended}")
+    lines.append(f"rule: {RULE}")
+    lines += [f"note: {note}" for note in suggested.notes]
     if suggested.values:
-        print("set: " + " ".join(f"--set {key}={value:.3g}" for key, value in suggested.values.items()))
-    print(f"plot: {plot}")
+        lines.append("set: " + " ".join(f"--set {key}={value:.3g}" for key, value in suggested.values.items()))
+    return [*lines, f"plot: {plot}"]
 
 
 def progress_lines(values: list[float], part: str, say: Callable[[str], None]) -> Iterator[float]:
