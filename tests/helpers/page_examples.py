@@ -45,7 +45,7 @@ from typing import Any, Iterable
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 
-MARKER = re.compile(r"^<!-- output: (?P<id>[a-z0-9-]+|none \([^)]*\))(?:; labels: (?P<labels>[^>]*?))? -->\s*$")
+MARKER = re.compile(r"^\s*<!-- output: (?P<id>[a-z0-9-]+|none \([^)]*\))(?:; labels: (?P<labels>[^>]*?))? -->\s*$")
 FENCE = re.compile(r"^\s*```")
 GAP = "..."
 
@@ -176,8 +176,9 @@ def check_example(block_id: str, printed: str, labels: Iterable[str] = ()) -> No
     shown = [line for line in page.output if line.strip()]
     if shown and shown[0].lstrip().startswith(("{", "[")):
         return _check_json(page, "\n".join(shown), printed)
+    labels = [*labels, *page.labels]  # either run's labels are labels on both sides
     program = [normalise(line, labels) for line in printed.splitlines() if line.strip()]
-    expected = [normalise(line, page.labels) for line in shown]
+    expected = [normalise(line, labels) for line in shown]
     patterns = [None if line == GAP else _pattern(line) for line in expected]
     if _matches(patterns, program):
         return
@@ -193,7 +194,7 @@ def _check_json(page: Example, shown: str, printed: str) -> None:
     try:
         expected = json.loads(shown)
     except json.JSONDecodeError:  # abridged: every key it names must be one the program answers with
-        named = set(re.findall(r'"([^"]+)"\s*:', shown))
+        named = set(re.findall(r'"([^"]+)"\s*:', shown)) - set(page.labels)  # labels: its models' names
         missing = sorted(named - _keys(answer))
         assert not missing, (f"{page.where}: the page names keys the program's answer does not have: {missing}; "
                              f"the program answered:\n{json.dumps(answer, indent=1)[:3000]}")
