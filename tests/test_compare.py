@@ -13,6 +13,7 @@ from inceptionlab.errors import UserError
 from inceptionlab.fileio import sha256_file
 from inceptionlab.infer.compare import compare, mcnemar_exact_p, stale_note
 from inceptionlab.infer.results import read_results, write_results
+from helpers.page_examples import check_example
 
 LABELS = ["cat", "dog", "owl"]
 
@@ -116,6 +117,7 @@ def test_the_command_prints_the_comparison_and_json_and_refuses_an_unevaluated_r
     assert "  B right, A wrong: 10 image(s): /photos/cat/0.jpg, /photos/cat/1.jpg, /photos/cat/2.jpg, " in printed.out
     assert "B is better: right on 10 image(s)" in printed.out
     assert any(line.split() == ["cat", "12", "0.000", "0.833", "+0.833"] for line in lines)
+    check_example("errors-compare", printed.out, labels=["cat", "dog", "fox"])
     as_json = cli("compare", a, b, "--json")
     assert as_json.code == 0 and json.loads(as_json.out)["b_right_a_wrong"][:1] == ["/photos/cat/0.jpg"]
     (tmp_path / "fresh").mkdir()

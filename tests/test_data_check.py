@@ -267,3 +267,21 @@ def test_a_class_of_one_image_is_said_in_the_singular(tmp_path):
         extra.unlink()  # fox: 1 training image
     text = format_report(check_data(root, workers=0))
     assert "           fox: 1 image, weight " in text and "           dog: 4 images, weight " in text
+
+
+def test_a_copy_group_is_listed_once_with_its_near_copies(tmp_path):
+    """An exact copy filed under another class, plus a re-encoded one: the check listed the group twice,
+    `IMG_0001.JPEG = salamander_1.JPEG`, then `IMG_0001.JPEG = banner.png = salamander_1.JPEG`."""
+    root = clean_dataset(tmp_path / "data")
+    train = root / "train"
+    shutil.copy(train / "dog" / "dog_0.jpg", train / "fox" / "IMG_0001.jpg")  # the same bytes, another class
+    Image.open(train / "dog" / "dog_0.jpg").save(train / "fox" / "banner.png")  # re-encoded
+    shutil.copy(train / "cat" / "cat_1.jpg", train / "cat" / "cat_1_copy.jpg")  # an exact copy alone
+    findings = by_check(check_data(root, workers=0))
+    (conflict,) = findings["label_conflict"]
+    assert [sorted(group) for group in conflict.files] == [["train/dog/dog_0.jpg", "train/fox/IMG_0001.jpg",
+                                                            "train/fox/banner.png"]]
+    assert conflict.message.startswith("1 image(s) are filed under more than one class")
+    (exact,) = findings["exact_duplicates"]
+    assert exact.files == [["train/cat/cat_1.jpg", "train/cat/cat_1_copy.jpg"]]
+    assert "near_duplicates" not in findings and "leakage" not in findings

@@ -8,6 +8,7 @@ import pytest
 
 from inceptionlab.data.datasets.digits import SPLITS, ensure_digits_imagefolder
 from inceptionlab.errors import UserError
+from helpers.page_examples import check_example
 
 
 def count(folder: Path) -> int:
@@ -42,6 +43,7 @@ def test_demo_command_trains_evaluates_plots_and_predicts(tmp_path, cli):
                  "--set", "data.max_val_samples=48")
     assert result.code == 0, result.err
     assert "validation: top-1" in result.out and "run directory:" in result.out
+    check_example("first-steps-demo", result.out)
     assert result.out.count(" predicted ") == 4
     run = next((tmp_path / "runs" / "demo" / "digits").iterdir())
     assert (run / "plots" / "loss.png").is_file() and (run / "plots" / "confusion.png").is_file()

@@ -247,3 +247,64 @@ def test_a_benchmark_run_writes_a_result_the_performance_page_renders(tmp_path):
     assert record["env"]["cpu"] and record["env"]["versions"]["torch"]
     table = results.render_benchmark("train_throughput", tmp_path)
     assert f"**{record['env']['cpu']} (" in table and "| plain | fp32 |" in table
+
+
+# ---------------------------------------------------------------- example outputs on the pages (helpers/page_examples.py)
+
+# Pages whose every plain block is an example output checked against the program, or says why it is not one.
+# calibration.md and errors-and-trust.md have some of theirs checked (errors-compare, errors-no-label-errors)
+# and join the list once the rest are (evaluate's calibration and TTA lines, export's parity, report).
+CHECKED_PAGES = ["first-steps.md", "fine-tuning.md", "serving/server.md"]
+
+
+def test_every_example_output_on_a_checked_page_is_marked():
+    from helpers.page_examples import parse_page
+
+    for name in CHECKED_PAGES:
+        _, unmarked = parse_page(REPO / "docs" / name)
+        assert not unmarked, (f"docs/{name}: blocks without <!-- output: ID --> (the id of a check in the tests, "
+                              f"see tests/helpers/page_examples.py) or <!-- output: none (why) -->: {unmarked}")
+
+
+def test_every_marked_example_is_checked_by_a_test_and_ids_are_unique():
+    """A block is checked where a test runs its command (check_example("ID", output)): each id must be named
+    by some test file, so a marked block cannot go unchecked."""
+    from helpers.page_examples import all_examples
+
+    examples = [e for e in all_examples() if not e.id.startswith("none")]
+    ids = [e.id for e in examples]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    tests = "\n".join(p.read_text() for p in (REPO / "tests").rglob("*.py") if p.name != "page_examples.py")
+    named = set(re.findall(r"""check_example\(\s*["']([a-z0-9-]+)["']""", tests))
+    assert not set(ids) - named, f"marked on a page but checked by no test: {sorted(set(ids) - named)}"
+    assert not named - set(ids), f"checked by a test but marked on no page: {sorted(named - set(ids))}"
+
+
+def test_the_example_check_ignores_figures_but_not_lines_or_words(tmp_path, monkeypatch):
+    from helpers import page_examples
+
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n<!-- output: a-run -->\n```\n$ inceptionlab evaluate runs/x/20261122-014848 \\\n"
+                    "    --json\nscored runs/x/model.pt: the weights training ended with\n...\n"
+                    "359 samples  loss 0.2661  top-1 0.9248 (in 2.5 s)\nwrote ..., plots/confusion.png\n```\n\n"
+                    "<!-- output: a-reply -->\n```\n$ curl ...\n"
+                    '{"model": "tiny", "results": [{"file": "body", "topk": [{"label": "dog", "prob": 0.9}]}]}\n```\n')
+    monkeypatch.setattr(page_examples, "DOCS", tmp_path)
+    monkeypatch.setattr(page_examples, "REPO", tmp_path)
+    page_examples._examples_by_id.cache_clear()
+    check = page_examples.check_example  # (by another name: these ids are of this page, not the docs')
+    try:
+        printed = ("scored /tmp/r/model.pt: the weights training ended with\nclass n accuracy\ncat 3 1.000\n\n"
+                   "9 samples  loss 0.5  top-1 1.0 (in 41 ms)\nwrote /tmp/r/eval/eval.json, /tmp/r/eval/plots/confusion.png\n")
+        check("a-run", printed)
+        with pytest.raises(AssertionError, match=r"page\.md line 4 \(<!-- output: a-run -->\)") as caught:
+            check("a-run", printed.replace("samples", "images"))
+        assert "+# images loss # top-1 # (in <time>)" in str(caught.value)  # the diff shows the program's line
+        with pytest.raises(AssertionError, match="no longer matches"):
+            check("a-run", printed + "decision rule saved to /tmp/r/spec.json\n")
+        check("a-reply", '{"model": "x", "results": [{"file": "f", "topk": [{"label": "cat", '
+                                                '"prob": 1}, {"label": "dog", "prob": 0}]}]}')
+        with pytest.raises(AssertionError, match="keys no longer match"):
+            check("a-reply", '{"model": "x", "results": [{"file": "f", "topk": [], "answer": "cat"}]}')
+    finally:
+        page_examples._examples_by_id.cache_clear()

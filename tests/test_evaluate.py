@@ -14,6 +14,7 @@ from helpers.datasets import write_tiny_imagenet
 
 from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 from inceptionlab.models.registry import cached_weights_file
+from helpers.page_examples import check_example
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,7 @@ def test_evaluate_table(run_and_data, cli):
     result = cli("evaluate", run_dir)
     assert result.code == 0 and "accuracy" in result.out and "top-5" in result.out
     assert all(name in result.out for name in ("cat", "dog", "fox"))
+    check_example("first-steps-evaluate", result.out, labels=["cat", "dog", "fox"])
 
 
 def test_evaluate_says_which_weights_it_scored(run_and_data, cli, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FAST
+from helpers.page_examples import check_example
 
 from inceptionlab.config import load_recipe
 from inceptionlab.engine.lr_find import find_learning_rates, range_test, rates, recommendation, suggest
@@ -47,7 +48,7 @@ def test_lr_find_restores_the_weights_and_suggests_both_rates(image_folder):
     assert torch.equal(torch.get_rng_state(), rng)
     assert all(p.requires_grad for p in s.model.parameters())
     found = recommendation(results)
-    assert set(found) <= {"optim.lr", "finetune.body_lr_mult"}
+    assert set(found.values) <= {"optim.lr", "finetune.body_lr_mult"}
 
 
 def test_progress_advances_as_the_steps_run_not_before(image_folder):
@@ -78,6 +79,7 @@ def test_cli_without_a_terminal_says_how_far_each_range_test_is(image_folder, tm
     assert [line.split(":")[0] for line in lines] == ["range test head"] * 10 + ["range test body"] * 10
     assert lines[0].startswith("range test head: step 2/20, lr ") and "left" in lines[0]
     assert lines[-1].startswith("range test body: step 20/20, lr 0.001")
+    check_example("fine-tuning-lr-find-progress", result.out)
 
 
 def test_cli_writes_the_plot_and_json(image_folder, tmp_path, cli):
@@ -93,3 +95,132 @@ def test_cli_writes_the_plot_and_json(image_folder, tmp_path, cli):
     assert len(report["tests"]["head"]["lrs"]) <= 10
     bad = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, "--start", "1", "--end", "0.1")
     assert bad.code == 2 and "start < end" in bad.err
+
+
+# ---------------------------------------------------------------- the suggestion rule on recorded curves
+
+def replay(losses: list[float]):
+    """A step function that returns the recorded losses in turn, whatever the rate."""
+    recorded = iter(losses)
+    return lambda lr: next(recorded)
+
+
+def ignite_lr_suggestion(lrs: list[float], losses: list[float]) -> float:
+    """pytorch-ignite's FastaiLRFinder.lr_suggestion (ignite/handlers/lr_finder.py, 0.5), transcribed: the
+    steepest central difference of the loss up to its minimum, "ignoring the increasing part of the curve"."""
+    min_loss_idx = int(torch.tensor(losses).argmin())
+    decreasing = torch.tensor(losses[: min_loss_idx + 1])
+    grads = torch.tensor([0.5 * (decreasing[i + 1] - decreasing[i - 1]) for i in range(1, len(decreasing) - 1)])
+    return lrs[int(grads.argmin()) + 1]
+
+
+def lightning_2_4_suggestion(lrs: list[float], losses: list[float], skip_begin: int = 10, skip_end: int = 1) -> float:
+    """Lightning's _LRFinder.suggestion before 2.5 (np.gradient over the steps: log10(lr) for an exponential test)."""
+    import numpy as np
+
+    window = np.asarray(losses[skip_begin:-skip_end])
+    return lrs[skip_begin + int(np.argmin(np.gradient(window)))]
+
+
+def smoothed_as_recorded(losses: list[float], beta: float = 0.98) -> list[float]:
+    """fastai's smoothed loss (bias-corrected exponential moving average) of a whole recorded test."""
+    average, smoothed = 0.0, []
+    for k, loss in enumerate(losses):
+        average = beta * average + (1 - beta) * loss
+        smoothed.append(average / (1 - beta ** (k + 1)))
+    return smoothed
+
+
+def test_a_blown_up_loss_ends_the_test_and_the_suggestion_stays_before_its_minimum():
+    """Issue 43's body curve: the smoothed loss (beta 0.98, ~50 steps of memory in a 60-step test) rose from
+    1.09 to ~3.7 and never reached 4x its best, so the test ran to lr 10 and the steepest descent was a
+    dip inside the blown-up part, at 1.54, past the loss's minimum."""
+    from helpers.lr_curves import BODY_BLOWN_UP, BODY_BLOWN_UP_STEPS
+
+    lrs = rates(*BODY_BLOWN_UP_STEPS)
+    test = range_test(replay(BODY_BLOWN_UP), lrs)
+    assert test.ended.startswith("diverged at lr ")
+    assert test.lrs[-1] < 0.1  # stopped a few steps into the blow-up (the loss over 4x its best from step 39)
+    lowest = test.lrs[test.smoothed.index(min(test.smoothed))]
+    assert test.suggestion is not None and test.suggestion < lowest
+    # The whole smoothed curve the recorded run had (to lr 10): the rule alone keeps before its minimum,
+    # where Lightning's before 2.5 (the steepest descent anywhere) gave the 1.54 that was printed.
+    smoothed = smoothed_as_recorded(BODY_BLOWN_UP)
+    assert lightning_2_4_suggestion(lrs, smoothed, skip_begin=6) == pytest.approx(1.536, rel=1e-3)
+    assert suggest(lrs, smoothed) < lrs[smoothed.index(min(smoothed))] < 0.01
+    assert suggest(lrs, smoothed) == ignite_lr_suggestion(lrs[6:], smoothed[6:])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_suggestion_is_ignites_on_the_curve_after_its_first_tenth(seed):
+    """Ours = ignite's rule applied after the first 10% of steps (fastai and Lightning skip those too)."""
+    from helpers.lr_curves import u_shaped
+
+    lrs = rates(1e-7, 10.0, 100)
+    test = range_test(replay(u_shaped(seed)), lrs)
+    begin = max(1, int(len(test.smoothed) * 0.1))
+    assert test.suggestion == ignite_lr_suggestion(test.lrs[begin:], test.smoothed[begin:])
+    assert test.suggestion < test.lrs[test.smoothed.index(min(test.smoothed))]
+
+
+def test_the_head_and_body_recommendation_says_when_the_body_rate_is_capped():
+    """The body's suggestion ~3e6x the head's became finetune.body_lr_mult=1 without a word."""
+    from inceptionlab.engine.lr_find import RangeTest
+
+    head, body = RangeTest("head", suggestion=4.76e-7), RangeTest("body", suggestion=1.54)
+    found = recommendation({"head": head, "body": body})
+    assert found.values == {"optim.lr": 4.76e-7, "finetune.body_lr_mult": 1.0}
+    (note,) = found.notes
+    assert "finetune.body_lr_mult" in note and "capped at 1" in note and "3.2e+06" in note
+    plain = recommendation({"head": RangeTest("head", suggestion=0.01), "body": RangeTest("body", suggestion=0.001)})
+    assert plain.values == {"optim.lr": 0.01, "finetune.body_lr_mult": pytest.approx(0.1)} and plain.notes == []
+    alone = recommendation({"head": RangeTest("head"), "body": RangeTest("body", suggestion=0.001)})
+    assert alone.values == {"optim.lr": 0.001} and "head" in alone.notes[0]
+
+
+def test_the_plot_shows_both_suggestions_on_their_curves():
+    """The y-axis stopped near 1.27 (from the lowest loss to a bit above the start), so both marked
+    rates sat off the visible curves."""
+    from helpers.lr_curves import BODY_BLOWN_UP
+
+    from inceptionlab.plots import draw_lr_find, new_figure
+
+    lrs = rates(1e-7, 10.0, 60)
+    smoothed = smoothed_as_recorded(BODY_BLOWN_UP)
+    head = {"lrs": lrs[:40], "smoothed": [1.1 - 0.02 * k for k in range(40)], "suggestion": lrs[5]}
+    body = {"lrs": lrs, "smoothed": smoothed, "suggestion": lrs[53]}
+    _, ax = new_figure((6.4, 4.0))
+    draw_lr_find(ax, {"head": head, "body": body})
+    low, high = ax.get_ylim()
+    for test in (head, body):
+        at = test["smoothed"][test["lrs"].index(test["suggestion"])]
+        assert low < at < high
+    assert len([c for c in ax.collections if len(c.get_offsets())]) == 2  # each suggestion a point on its curve
+
+
+def test_cli_reports_its_notes_and_keeps_each_suggestion_before_its_minimum(image_folder, tmp_path, cli):
+    sets = [x for item in [*FAST, *SMALL_CNN] for x in ("--set", item)]
+    result = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, *sets, "--steps", "12",
+                 "--start", "1e-4", "--out", tmp_path / "lr", "--json", "--no-progress")
+    assert result.code == 0, result.err
+    report = json.loads(result.out.strip().splitlines()[-1])
+    assert isinstance(report["notes"], list)
+    for test in report["tests"].values():
+        if test["suggestion"] is not None:
+            assert test["suggestion"] < test["lrs"][test["smoothed"].index(min(test["smoothed"]))]
+
+
+def test_the_fine_tuning_pages_example_is_what_the_command_prints_for_such_curves():
+    """Two curves that fall, then jump (the smoothed loss over 4x its best at once), the body's steepest
+    descent far above the head's: the lines the command prints, with the cap's note."""
+    import math as m
+
+    from inceptionlab.cli.lr_find import summary_lines
+
+    def curve(centre: int, jump: int) -> list[float]:
+        return [2 - m.tanh((k - centre) / 3) if k < jump else 1000.0 for k in range(60)]
+
+    lrs = rates(1e-7, 10.0, 60)
+    results = {"head": range_test(replay(curve(15, 49)), lrs, "head"), "body": range_test(replay(curve(40, 54)), lrs, "body")}
+    lines = summary_lines(results, recommendation(results), Path("runs/lr-find/x/lr_find.png"))
+    check_example("fine-tuning-lr-find", "\n".join(lines))

@@ -14,6 +14,7 @@ from inceptionlab.models.registry import (
     rebuild_model,
 )
 from inceptionlab.models.spec import ModelSpec
+from helpers.page_examples import check_example
 
 
 def own_models() -> list[str]:
@@ -132,6 +133,51 @@ def test_missing_weights_say_which_file_goes_where(tmp_path, monkeypatch):
     message = str(err.value)
     assert "inception_v3_google-0cc3c7bd.pth" in message and "0cc3c7bd" in message
     assert str(tmp_path / "empty_hub" / "checkpoints") in message and "\n" not in message
+
+
+def test_a_download_of_imagenet_weights_is_said_in_our_words_before_it_starts(tmp_path, monkeypatch, capsys):
+    """torch printed its own `Downloading: "<url>" to <path>` line (on stdout, inside `--json` output too)
+    before the project's one-line error: a network attempt the user did not see coming, said in another
+    program's words."""
+    from inceptionlab.models.registry import cached_weights_file
+
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty_hub"))
+    told = []
+
+    def offline(url, dst, *args, **kwargs):
+        told.append(capsys.readouterr())  # what the user had read when the network was tried
+        raise OSError("offline")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    with pytest.raises(UserError, match="not found and not downloadable"):
+        build_model("resnet18", num_classes=3, weights="imagenet")
+    (said,) = told
+    after = capsys.readouterr()
+    assert "Downloading" not in said.out + said.err + after.out + after.err and said.out == ""
+    before = said.err
+    assert before.startswith("weights: downloading resnet18's ImageNet weights") and before.count("\n") == 1
+    assert str(tmp_path / "empty_hub" / "checkpoints") in before and "resnet18-f37072fd.pth" in before
+
+    # In the cache: read from there, no word and no network.
+    target = cached_weights_file("resnet18")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(torchvision.models.resnet18().state_dict(), target)
+    build_model("resnet18", num_classes=3, weights="imagenet")
+    assert len(told) == 1 and capsys.readouterr() == ("", "")
+
+
+def test_predict_without_the_weights_or_a_network_says_what_it_tried_and_which_file_goes_where(
+        tmp_path, monkeypatch, sample_photos, cli):
+    import urllib.error
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path / "empty_hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    result = cli("predict", sample_photos / "dog.jpg")
+    assert result.code == 2
+    check_example("first-steps-weights-missing", result.err)
 
 
 def test_imagenet_if_cached_falls_back_to_scratch(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
+from helpers.page_examples import check_example
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,9 @@ def test_run_prediction_uses_the_runs_classes_and_preprocessing(trained_run, cli
     rows = parse_lines(result.out)
     assert len(rows) == 9 and all(len(r["topk"]) == 2 for r in rows)
     assert {t["label"] for r in rows for t in r["topk"]} <= {"cat", "dog", "fox"}
+    table = cli("predict", "--run", run_dir, next((data / "val" / "dog").iterdir()), "--topk", "3")
+    assert table.code == 0, table.err
+    check_example("first-steps-predict", table.out, labels=["cat", "dog", "fox"])
 
 
 def test_json_answers_come_in_the_order_of_the_inputs(inception_hub, sample_photos, tmp_path, cli):

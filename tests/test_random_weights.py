@@ -13,8 +13,8 @@ from conftest import make_image_folder
 @pytest.fixture
 def offline(monkeypatch):
     """No network: any attempt at the ImageNet download fails the test."""
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url",
-                        lambda *a, **k: pytest.fail("--weights random tried to download weights"))
+    for download in ("load_state_dict_from_url", "download_url_to_file"):
+        monkeypatch.setattr(torch.hub, download, lambda *a, **k: pytest.fail("--weights random tried to download weights"))
 
 
 def test_predict_with_random_weights(offline, sample_photos, cli):

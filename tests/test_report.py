@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.page_examples import check_example
 from helpers.small_runs import small_run
 
 from inceptionlab.infer.error_report import (ReportSettings, _cells, _matrix, _matrix_classes, confusion_matrix,
@@ -147,6 +148,7 @@ def test_a_model_no_better_than_chance_gets_no_label_error_ranking(tmp_path, cli
     assert printed.code == 0, printed.err
     assert "likely label error" not in printed.out and "note: no label-error ranking: " in printed.out
     assert (printed.out + printed.err).count("no label-error ranking") == 1  # said once, not logged as well
+    check_example("errors-no-label-errors", printed.out, labels=["cat", "dog", "fox", "owl"])
 
 
 def test_label_errors_need_recall_clearly_above_chance_on_the_images_there_are(tmp_path):

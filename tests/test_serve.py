@@ -21,6 +21,7 @@ from inceptionlab import hardware
 import torch
 from fastapi.testclient import TestClient
 from PIL import Image
+from helpers.page_examples import check_example
 from serve_helpers import broken_model, in_server_loop, serve_model, train_tiny_run, uvicorn_thread
 
 from inceptionlab.infer.predict import Predictor
@@ -85,6 +86,7 @@ def test_classify_matches_predict_for_raw_and_multipart_uploads(tiny, client):
     files = sorted((data / "val").rglob("*.png"))[:4]
     expected = reference_probs(run_dir, files)
     raw = client.post("/v1/classify?topk=3", content=png_bytes(files[0])).json()
+    check_example("server-classify", json.dumps(raw))
     assert by_label(raw["results"][0]["topk"]) == pytest.approx(by_label(expected[0]), abs=1e-4)
     form = client.post("/v1/classify?topk=3", files=[("files", (f.name, png_bytes(f))) for f in files]).json()
     assert [r["file"] for r in form["results"]] == [f.name for f in files]

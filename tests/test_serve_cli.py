@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import tritonclient.grpc as tg
+from helpers.page_examples import check_example
 
 from inceptionlab import __version__
 
@@ -84,3 +85,15 @@ def test_listening_beyond_this_machine_without_a_key_warns(cli, monkeypatch):
 def test_version(cli):
     result = cli("--version")
     assert result.code == 0 and result.out.strip() == f"inceptionlab {__version__}"
+
+
+def test_start_up_says_what_runs_where_as_the_serving_page_shows(squares_run, cli, monkeypatch):
+    """The lines up to `ready:` (the server itself is not started: its loop is replaced by the call that
+    says it is ready, with the ports it would have bound)."""
+    from inceptionlab.serve import server
+
+    monkeypatch.setattr(server, "serve_forever", lambda app, host, port, drain_s, on_ready=None: on_ready(8791, 8001))
+    result = cli("serve", f"tiny={squares_run.run_dir}", "--backend", "eager", "--max-batch", "8", "--port", "0",
+                 "--grpc-port", "0")
+    assert result.code == 0, result.err
+    check_example("server-start-up", result.err + result.out, labels=["cat", "dog", "fox"])

@@ -4,9 +4,12 @@ metrics. (The page drawing them: test_serve_browser.py.)"""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import pytest
+from helpers.page_examples import check_example
 from serve_helpers import classify_over_both, serve_model, train_tiny_run, uvicorn_thread
 
 from inceptionlab.serve.batcher import BatchStats
@@ -96,6 +99,7 @@ def test_live_endpoint_tells_the_protocols_apart(tmp_path_factory):
         live = httpx.get(f"{base}/v1/live").json()
         metrics = httpx.get(f"{base}/metrics").text
     assert live["protocols"] == ["http", "grpc"]
+    check_example("server-live", json.dumps(live))
     protocols = live["models"]["tiny"]["protocols"]
     assert protocols["http"]["requests"] == 3 and protocols["grpc"]["requests"] == 2
     assert protocols["http"]["p50_ms"][-1] > 0 and protocols["grpc"]["requests_per_s"][-1] > 0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers.page_examples import check_example
 from serve_helpers import train_tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,6 +103,7 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(server):
     assert len(answered) >= pending and len(answered) + len(refused) == 48
     assert all(len(r.json()["results"][0]["topk"]) == 3 for r in answered)
     assert "draining: readiness 503" in output and "drained" in output
+    check_example("server-drain", output)
 
 
 def test_answers_while_draining_carry_a_json_error_and_close_the_connection(server):

@@ -23,6 +23,7 @@ from inceptionlab.data.datasets import tiny_imagenet as ti
 from inceptionlab.data.io.archives import safe_extract_zip
 from inceptionlab.data.io.download import fetch
 from inceptionlab.errors import UserError
+from helpers.page_examples import check_example
 
 DIRNAME = "tiny-imagenet-200"
 WNIDS = ["n01443537", "n01629819", "n01641577"]
@@ -344,6 +345,12 @@ def test_every_problem_is_counted_in_the_message(synthetic):
         (dataset / "val" / "images" / name).write_bytes(b"x")
     with pytest.raises(UserError, match=r"a\.JPEG is not listed .*\(and 2 more problems; nothing was moved\)"):
         ti.prepare_tiny_imagenet(synthetic, progress=False)
+
+
+def test_cli_prints_the_counts_of_each_split(synthetic, cli):
+    result = cli("data", "tiny-imagenet", "--root", synthetic)
+    assert result.code == 0, result.err
+    check_example("first-steps-tiny-imagenet", result.out)
 
 
 def test_cli_error_is_one_line_and_exit_2(synthetic, cli):

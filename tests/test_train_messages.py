@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FAST
+from helpers.page_examples import check_example
 
 from inceptionlab.engine import artifacts as engine_artifacts
 from inceptionlab.engine import session as engine_session
@@ -113,7 +114,7 @@ def test_missing_pretrained_weights_tell_train_users_the_recipe_key(image_folder
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     result = cli(*train_args(image_folder, tmp_path / "runs", "model.name=resnet18", "model.weights=imagenet"))
     assert result.code == 2
@@ -137,3 +138,27 @@ def test_ctrl_c_in_any_other_command_says_interrupted(sample_photos, cli, monkey
     monkeypatch.setattr(predict.Predictor, "predict_files", interrupted)
     result = cli("predict", sample_photos, "--model", "squeezenet1_1", "--weights", "random")
     assert result.code == 130 and result.err.strip() == "interrupted"
+
+
+def test_a_fine_tune_from_a_weights_file_then_from_its_run_says_what_it_loaded_and_when_the_body_unfreezes(
+        tmp_path, cli):
+    """The fine-tuning page's two examples: head first from a torchvision weights file (1000 classes), then a
+    run continued on a folder that adds a class, its head's rows carried over by name."""
+    import torchvision
+    from conftest import make_image_folder
+
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pt")
+    photos = make_image_folder(tmp_path / "photos", train_per_class=4, val_per_class=2)
+    resnet = ["model.name=resnet18", "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]
+    sets = [x for item in [*FAST, *resnet, f"model.weights={tmp_path / 'resnet18.pt'}", "train.epochs=3",
+                           "finetune.freeze_epochs=2", "schedule.warmup_epochs=1", "ema.decay=0.999",
+                           "finetune.body_lr_mult=0.08", "train.log_every=100"] for x in ("--set", item)]
+    first = cli("train", RECIPE, "--data", photos, "--out", tmp_path / "runs", "--no-progress", *sets)
+    assert first.code == 0, first.err
+    check_example("fine-tuning-train", first.out, labels=["cat", "dog", "fox"])
+    run = next((tmp_path / "runs").glob("*/*/*"))
+    more = make_image_folder(tmp_path / "more", classes=("cat", "dog", "fox", "owl"), train_per_class=2, val_per_class=1)
+    again = cli("train", RECIPE, "--data", more, "--out", tmp_path / "runs", "--no-progress",
+                *[x for item in [*FAST, *resnet, f"model.weights={run}", "train.epochs=1", "train.log_every=100"] for x in ("--set", item)])
+    assert again.code == 0, again.err
+    check_example("fine-tuning-continue", again.out, labels=["cat", "dog", "fox", "owl"])

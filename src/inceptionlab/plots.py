@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -192,24 +193,35 @@ def plot_predictions(images, probs, targets, labels: list[str], path: Path) -> P
 def plot_lr_find(tests: dict[str, dict[str, Any]], path: Path) -> Path:
     """The range tests' smoothed loss against the learning rate (log scale), each suggestion marked."""
     fig, ax = new_figure((6.4, 4.0))
-    lows, starts = [], []
+    draw_lr_find(ax, tests)
+    return save_figure(fig, path)
+
+
+def draw_lr_find(ax: Any, tests: dict[str, dict[str, Any]]) -> None:
+    """Each test's curve, its suggestion a dashed line and a point on the curve; the y-axis spans the
+    lowest loss to a bit above the highest of the starts and the suggestions' points, so a diverging tail
+    does not flatten the rest and no mark sits off the axes."""
+    lows, highs = [], []
     for part, test in tests.items():
-        points = list(zip(test["lrs"], test["smoothed"]))
-        if not points:
+        lrs, smoothed = test["lrs"][: len(test["smoothed"])], test["smoothed"]
+        if not smoothed:
             continue
-        lows.append(min(p[1] for p in points))
-        starts.append(points[0][1])
-        line, = ax.plot([p[0] for p in points], [p[1] for p in points], label=f"{part}")
-        if test.get("suggestion"):
-            ax.axvline(test["suggestion"], color=line.get_color(), linestyle="--", alpha=0.7,
-                       label=f"{part}: suggested {test['suggestion']:.2g}")
+        lows.append(min(smoothed))
+        highs.append(smoothed[0])
+        line, = ax.plot(lrs, smoothed, label=f"{part}")
+        suggestion = test.get("suggestion")
+        if suggestion:
+            at = smoothed[min(range(len(lrs)), key=lambda i: abs(math.log(lrs[i] / suggestion)))]
+            highs.append(at)
+            ax.axvline(suggestion, color=line.get_color(), linestyle="--", alpha=0.7)
+            ax.scatter([suggestion], [at], color=line.get_color(), zorder=3, label=f"{part}: suggested {suggestion:.2g}")
     ax.set_xscale("log")
-    if lows:  # the diverging tail would flatten the rest: show from the lowest loss to a bit above the start
-        low, high = min(lows), max(starts)
-        ax.set_ylim(low - 0.1 * (high - low + 1e-9), high + 0.5 * (high - low + 1e-9))
+    if lows:
+        low, high = min(lows), max(highs)
+        span = high - low + 1e-9
+        ax.set_ylim(low - 0.1 * span, high + 0.5 * span)
     ax.set_xlabel("learning rate")
     ax.set_ylabel("training loss (smoothed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("learning-rate range test (steepest descent marked)", fontsize=9)
-    return save_figure(fig, path)
+    ax.set_title("learning-rate range test (steepest descent before the minimum marked)", fontsize=9)

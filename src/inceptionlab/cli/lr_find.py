@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -29,8 +29,8 @@ def lr_find(
     """Find the learning rates to fine-tune with: Smith's range test, for the head, then the whole model.
     The rate rises exponentially, one value per training step, from the recipe's starting weights,
     first for the head alone (the body frozen as in head-only epochs), then for the whole model.
-    Suggests optim.lr (the head's steepest descent of the smoothed loss) and finetune.body_lr_mult (the
-    whole model's over the head's); draws the curves. The weights are not changed: nothing is saved but
+    Suggests optim.lr (the head's steepest descent of the smoothed loss, before its minimum) and
+    finetune.body_lr_mult (the whole model's over the head's, at most 1); draws the curves. The weights are not changed: nothing is saved but
     the plot and the numbers.
 
     Examples:
@@ -69,18 +69,28 @@ def lr_find(
     tests = {part: test.to_dict() for part, test in results.items()}
     plot = plot_lr_find(tests, folder / "lr_find.png")
     suggested = recommendation(results)
-    report = {"recipe": loaded.name, "rule": RULE, "suggested": suggested, "tests": tests, "plot": str(plot)}
+    report = {"recipe": loaded.name, "rule": RULE, "suggested": suggested.values, "notes": suggested.notes,
+              "tests": tests, "plot": str(plot)}
     atomic_write_json(folder / "lr_find.json", report)
     if as_json:
         print(json.dumps(report))
         return
+    print("\n".join(summary_lines(results, suggested, plot)))
+
+
+def summary_lines(results: dict, suggested: Any, plot: Path) -> list[str]:
+    """What the range tests found, as the command prints it: each test, the rule, notes, the values to set."""
+    from inceptionlab.engine.lr_find import RULE  # start-up time: torch, as in lr_find()
+
+    lines = []
     for part, test in results.items():
         found = f"{test.suggestion:.3g}" if test.suggestion else "none (the loss never fell)"
-        print(f"{part}: suggested lr {found}; {len(test.lrs)} steps, {test.ended}")
-    print(f"rule: {RULE}")
-    if suggested:
-        print("set: " + " ".join(f"--set {key}={value:.3g}" for key, value in suggested.items()))
-    print(f"plot: {plot}")
+        lines.append(f"{part}: suggested lr {found}; {len(test.lrs)} steps, {test.ended}")
+    lines.append(f"rule: {RULE}")
+    lines += [f"note: {note}" for note in suggested.notes]
+    if suggested.values:
+        lines.append("set: " + " ".join(f"--set {key}={value:.3g}" for key, value in suggested.values.items()))
+    return [*lines, f"plot: {plot}"]
 
 
 def progress_lines(values: list[float], part: str, say: Callable[[str], None]) -> Iterator[float]:

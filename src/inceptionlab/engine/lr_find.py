@@ -1,18 +1,27 @@
 """The learning-rate range test (Smith 2017, "Cyclical Learning Rates"; fastai's and Lightning's lr_find).
 
 From a run's starting weights, train a few steps with the rate rising exponentially from `start` to
-`end`, one rate per step, and record the loss; stop when the smoothed loss exceeds 4x its best (it has
-diverged). Two tests, because the head and the body want different rates:
+`end`, one rate per step, and record the loss. Two tests, because the head and the body want different
+rates:
 
 - **head**: the body frozen as in the head-only epochs (engine/finetune.py), only the head trains;
 - **body**: the whole model at one rate.
 
-The suggestion of each is the rate where the smoothed loss falls fastest against log10(rate): the
-steepest descent, Lightning's rule, over the steps after the first 10% and before the last (their
-noise dominates). The recipe values that follow: optim.lr = the head's suggestion, and
-finetune.body_lr_mult = body's / head's (at most 1). The loss is smoothed as fastai does (an
-exponential moving average with beta 0.98, bias-corrected). The model's weights, BatchNorm statistics
-and the process's RNG streams are restored afterwards: the range test leaves no trace on the run.
+The loss is smoothed as fastai and Lightning do (an exponential moving average with beta 0.98,
+bias-corrected), and a test stops when it has diverged: the smoothed loss over 4x its best (their rule),
+or the loss itself over 4x the best smoothed loss for 3 steps in a row. The second is ours: beta 0.98
+remembers ~50 steps, so in a test of 60 steps the smoothed loss is close to the mean of everything so
+far, and a resnet18 body whose loss blew up to 4-10 (from 1.1, chance for 3 classes) in the last third
+moved it only from 1.09 to ~3.7: the first rule never fired and the test ran on to lr 10.
+
+The suggestion of each is the rate where the smoothed loss falls fastest against log10(rate), over the
+steps after the first 10% (their noise dominates) and before the smoothed loss's minimum: Lightning's
+steepest descent, kept to the falling part of the curve as ignite's FastaiLRFinder.lr_suggestion keeps
+it. Lightning's looks at the whole curve, and took a dip inside a blown-up loss (1.54, past the
+minimum at ~1e-3) for the steepest descent. The recipe values that follow: optim.lr = the head's
+suggestion, and finetune.body_lr_mult = body's / head's, capped at 1 (and said when capped). The
+model's weights, BatchNorm statistics and the process's RNG streams are restored afterwards: the range
+test leaves no trace on the run.
 """
 
 from __future__ import annotations
@@ -32,10 +41,13 @@ if TYPE_CHECKING:
     from inceptionlab.engine.session import TrainingSession
 
 SMOOTHING = 0.98
-DIVERGED = 4.0  # the smoothed loss over its best by this factor ends the test
-SKIP_START = 0.10  # of the steps, left out of the suggestion
-RULE = ("steepest descent of the smoothed loss against log10(lr), after the first 10% of steps "
-        "(Lightning's suggestion)")
+DIVERGED = 4.0  # the smoothed loss over its best by this factor ends the test (fastai's and Lightning's 4)
+# ... and so does the loss itself over DIVERGED x the best smoothed loss this many steps in a row: one step
+# over it is noise (a batch of 4 images with one confident miss), three are a loss that has left its best.
+DIVERGED_STEPS = 3
+SKIP_START = 0.10  # of the steps, left out of the suggestion and of the divergence checks
+RULE = ("steepest descent of the smoothed loss against log10(lr), after the first 10% of steps and before "
+        "the smoothed loss's minimum (Lightning's suggestion, kept to the falling part as ignite's)")
 
 
 @dataclass
@@ -62,17 +74,18 @@ def range_test(step: Callable[[float], float], lrs: list[float], part: str = "",
     diverges. `progress` wraps the rates (a tqdm bar): each rate is drawn from it as its step runs."""
     stepping = progress(lrs)
     try:
-        return _range_test(step, stepping, lrs[-1], part)
+        return _range_test(step, stepping, lrs, part)
     finally:
         close = getattr(stepping, "close", None)  # a bar or generator left early (divergence)
         if close is not None:
             close()
 
 
-def _range_test(step: Callable[[float], float], lrs: Iterable[float], last: float, part: str) -> RangeTest:
+def _range_test(step: Callable[[float], float], stepping: Iterable[float], lrs: list[float], part: str) -> RangeTest:
     result = RangeTest(part)
-    average, best = 0.0, math.inf
-    for k, lr in enumerate(lrs):
+    watch_from = max(2, int(len(lrs) * SKIP_START))  # Lightning waits 2 steps; the first 10% are noise
+    average, best, above = 0.0, math.inf, 0
+    for k, lr in enumerate(stepping):
         loss = step(lr)
         result.lrs.append(lr)
         result.losses.append(loss)
@@ -83,23 +96,30 @@ def _range_test(step: Callable[[float], float], lrs: Iterable[float], last: floa
         smoothed = average / (1 - SMOOTHING ** (k + 1))
         result.smoothed.append(smoothed)
         best = min(best, smoothed)
-        if smoothed > DIVERGED * best:
+        above = above + 1 if loss > DIVERGED * best else 0
+        if k >= watch_from and smoothed > DIVERGED * best:
             result.ended = f"diverged at lr {lr:.3g} (smoothed loss {smoothed:.3g} > {DIVERGED:g} x best {best:.3g})"
             break
-    result.ended = result.ended or f"reached lr {last:.3g}"
+        if k >= watch_from and above >= DIVERGED_STEPS:
+            result.ended = (f"diverged at lr {lr:.3g} (loss > {DIVERGED:g} x best smoothed {best:.3g} for "
+                            f"{DIVERGED_STEPS} steps)")
+            break
+    result.ended = result.ended or f"reached lr {lrs[-1]:.3g}"
     result.suggestion = suggest(result.lrs[: len(result.smoothed)], result.smoothed)
     return result
 
 
 def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
-    """The rate at the steepest descent of `smoothed` over log10(lr) (see RULE); None if it never falls."""
+    """The rate at the steepest descent of `smoothed` over log10(lr) between the first 10% of the steps and
+    the curve's minimum (see RULE); None if it never falls there."""
     begin = max(1, int(len(smoothed) * SKIP_START))
-    if len(smoothed) - begin < 3:
+    lowest = int(np.argmin(smoothed)) if smoothed else 0  # past it the loss has started to rise
+    falling = np.asarray(smoothed[begin: lowest + 1], dtype=float)
+    if falling.size < 3:  # the minimum within the first steps: the loss never fell after them
         return None
-    logs = np.log10(np.asarray(lrs[begin:-1]))
-    slopes = np.gradient(np.asarray(smoothed[begin:-1]), logs)
+    slopes = np.gradient(falling, np.log10(np.asarray(lrs[begin: begin + falling.size])))[1:-1]  # central only
     index = int(np.argmin(slopes))
-    return float(lrs[begin + index]) if slopes[index] < 0 else None
+    return float(lrs[begin + 1 + index]) if slopes[index] < 0 else None
 
 
 def _batches(s: TrainingSession) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -157,14 +177,27 @@ def find_learning_rates(s: TrainingSession, start: float = 1e-7, end: float = 10
     return results
 
 
-def recommendation(results: dict[str, RangeTest]) -> dict[str, float]:
-    """optim.lr from the head's test, finetune.body_lr_mult from the body's (at most 1)."""
+@dataclass
+class Recommendation:
+    values: dict[str, float]  # recipe key -> value (optim.lr, finetune.body_lr_mult)
+    notes: list[str]  # what was decided beyond the two suggestions (a cap), for the user to read
+
+
+def recommendation(results: dict[str, RangeTest]) -> Recommendation:
+    """optim.lr from the head's test, finetune.body_lr_mult from the body's (at most 1, said when capped)."""
     head, body = results["head"].suggestion, results["body"].suggestion
-    found: dict[str, float] = {}
+    values: dict[str, float] = {}
+    notes: list[str] = []
     if head is not None:
-        found["optim.lr"] = head
+        values["optim.lr"] = head
     if head is not None and body is not None:
-        found["finetune.body_lr_mult"] = min(1.0, body / head)
+        ratio = body / head
+        values["finetune.body_lr_mult"] = min(1.0, ratio)
+        if ratio > 1:
+            notes.append(f"finetune.body_lr_mult capped at 1: the whole model's suggestion ({body:.3g}) is "
+                         f"{ratio:.2g}x the head's ({head:.3g}), and a pretrained body never trains faster than "
+                         f"its new head here; look at both curves in the plot before using either rate")
     elif body is not None:
-        found["optim.lr"] = body
-    return found
+        values["optim.lr"] = body
+        notes.append(f"optim.lr from the whole model's test ({body:.3g}): the head's loss never fell in its test")
+    return Recommendation(values, notes)

@@ -8,6 +8,7 @@ drops or keeps Inception's auxiliary head. `rebuild_model` recreates a trained m
 from __future__ import annotations
 
 import inspect
+import sys
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -149,14 +150,27 @@ def _hash_prefix(url: str) -> str:
 
 
 def _load_imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
+    """The model's ImageNet weights from the torch hub cache, downloaded into it first when absent (and
+    said, in our words, before the network is tried: torch.hub's loader prints its own `Downloading:` line
+    on stdout, inside `--json` output too)."""
     weights = default_weights(name)
+    target = cached_weights_file(name)
+    if not target.is_file():
+        _download_imagenet_weights(name, weights.url, target)
+    return read_state_dict(target)[0]
+
+
+def _download_imagenet_weights(name: str, url: str, target: Path) -> None:
+    print(f"weights: downloading {name}'s ImageNet weights from {url} into {target.parent}/ (once: later runs "
+          "read them from there)", file=sys.stderr, flush=True)
     try:
-        return torch.hub.load_state_dict_from_url(weights.url, progress=False, check_hash=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # torch's own: a temporary file beside the target, the sha256 prefix in the name checked, then renamed
+        torch.hub.download_url_to_file(url, str(target), _hash_prefix(url), progress=sys.stderr.isatty())
     except Exception as exc:  # any network or file error: the fix is the same
-        target = cached_weights_file(name)
         raise UserError(
             f"{name} ImageNet weights not found and not downloadable ({type(exc).__name__}): "
-            f"put {target.name} (sha256 starts {_hash_prefix(weights.url)}) from {weights.url} "
+            f"put {target.name} (sha256 starts {_hash_prefix(url)}) from {url} "
             f"into {target.parent}/, or use a local file: --weights PATH (predict, evaluate, export, bench, serve) "
             "or --set model.weights=PATH (train)"
         ) from None

@@ -250,7 +250,8 @@ class Where:
 
 def copy_groups(facts: list[FileFacts], near: bool) -> tuple[list[list[int]], list[list[int]]]:
     """(exact groups, near groups) as lists of indices into `facts`: exact = the same bytes; near = images
-    linked by near-copy pairs (connected components), exact copies counted once."""
+    linked by near-copy pairs (connected components) with all the exact copies of each, which are then
+    not an exact group of their own: each file is in one group at most."""
     by_sha: dict[str, list[int]] = defaultdict(list)
     for i, f in enumerate(facts):
         if f.decoded or f.bytes:
@@ -273,7 +274,10 @@ def copy_groups(facts: list[FileFacts], near: bool) -> tuple[list[list[int]], li
     components: dict[int, list[int]] = defaultdict(list)
     for head in heads:
         components[find(head)].extend(by_sha[facts[head].sha256])
-    return exact, [sorted(g) for g in components.values() if len({facts[i].sha256 for i in g}) > 1]
+    near_groups = [sorted(g) for g in components.values() if len({facts[i].sha256 for i in g}) > 1]
+    # A near group holds every file of each content it links: its exact copies are listed with it, once.
+    in_near = {i for g in near_groups for i in g}
+    return [g for g in exact if g[0] not in in_near], near_groups
 
 
 def near_pairs(phash: np.ndarray, dhash: np.ndarray) -> Iterable[tuple[int, int]]:
