@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from inceptionlab.infer.calibrate import Decision
+    from inceptionlab.models.rule import Decision
     from inceptionlab.serve.models import ModelLoadSettings, load_served_model
 
     settings = ModelLoadSettings(backend=args.backend, precision="fp32", device="cpu", max_batch=args.batch,

@@ -181,7 +181,7 @@ def test_evaluate_reads_only_the_split_it_scores(imdb_run, split, monkeypatch):
 
     from inceptionlab.data import readers
     from inceptionlab.data.datasets import imdb
-    from inceptionlab.infer.evaluate import evaluate_run, run_evaluation
+    from inceptionlab.judge.evaluate import evaluate_run, run_evaluation
     from inceptionlab.models.registry import load_run_model
 
     reads = []

@@ -131,7 +131,7 @@ def test_pretrained_model_on_wnid_folders(tiny_imagenet, tmp_path, cli, monkeypa
 
 def test_the_first_line_says_what_each_kind_of_weights_file_holds(tmp_path):
     from inceptionlab.checkpoint import RunDir
-    from inceptionlab.infer.evaluate import _what_it_holds
+    from inceptionlab.judge.evaluate import _what_it_holds
     from inceptionlab.models.spec import ModelSpec
 
     run = RunDir(tmp_path)
@@ -149,7 +149,7 @@ def test_the_first_line_points_to_the_best_epoch_when_training_ended_elsewhere(t
     """Training's last line names its best epoch; when that is not the last, evaluate's first line says
     where its weights are (checkpoints/best.pt), so "why is top-1 lower than training said?" answers itself."""
     from inceptionlab.checkpoint import RunDir
-    from inceptionlab.infer.evaluate import _what_it_holds
+    from inceptionlab.judge.evaluate import _what_it_holds
     from inceptionlab.models.spec import ModelSpec
 
     run = RunDir(tmp_path)

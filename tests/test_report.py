@@ -1,4 +1,4 @@
-"""The error report (infer/error_report.py) and likely label errors (infer/label_errors.py): its numbers on
+"""The error report (judge/error_report.py) and likely label errors (judge/label_errors.py): its numbers on
 constructed tables with known answers, planted label errors found with no false positives, and
 `inceptionlab report` on a trained run. The page in a real browser: tests/test_report_browser.py."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from helpers.small_runs import small_run
 
-from inceptionlab.infer.error_report import (ReportSettings, _cells, _matrix, _matrix_classes, confusion_matrix,
+from inceptionlab.judge.error_report import (ReportSettings, _cells, _matrix, _matrix_classes, confusion_matrix,
                                              most_confused, per_class, render, summarize, write_report)
-from inceptionlab.infer.results import read_results, write_results
+from inceptionlab.judge.results import read_results, write_results
 
 
 def _table(tmp_path: Path, true: list[int], pred: list[int], labels: list[str], split: str = "val",
@@ -96,7 +96,7 @@ def _planted_probabilities(n_per_class: int, classes: int, planted: int, seed: i
 
 def test_planted_label_errors_are_found_and_no_clean_image_is_flagged(tmp_path):
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     probs, given, flipped = _planted_probabilities(n_per_class=60, classes=5, planted=15)
     write_results(tmp_path, np.log(probs).astype(np.float32), given, files=[""] * len(given),
@@ -115,7 +115,7 @@ def test_planted_label_errors_are_found_and_no_clean_image_is_flagged(tmp_path):
 def test_label_errors_of_a_model_scored_on_some_of_its_classes(tmp_path):
     """A 1000-way model scored on 3 classes: the ranking runs over the classes present."""
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     probs, given, flipped = _planted_probabilities(n_per_class=40, classes=3, planted=6, seed=1)
     wide = np.full((len(given), 10), 1e-4)
@@ -134,7 +134,7 @@ def test_a_model_no_better_than_chance_gets_no_label_error_ranking(tmp_path, cli
     the model's own errors, so the report says why it ranks none instead."""
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
     from inceptionlab.errors import UserError
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     true = [0] * 12 + [1] * 6 + [2] * 3 + [3] * 2
     results = _table(tmp_path, true, [2] * len(true), ["cat", "dog", "fox", "owl"], confidence=30.0)
@@ -154,7 +154,7 @@ def test_label_errors_need_recall_clearly_above_chance_on_the_images_there_are(t
     of 4 classes) is still refused; the planted-error tables above, from good models, pass."""
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
     from inceptionlab.errors import UserError
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     true = [0] * 12 + [1] * 6 + [2] * 3 + [3] * 2
     pred = [0] * 6 + [2] * 6 + [1] * 3 + [2] * 3 + [0, 0, 2] + [0, 0]  # recalls 0.5, 0.5, 0.333, 0.0

@@ -8,8 +8,7 @@ import torch
 from scipy.optimize import minimize_scalar
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.calibrate import (
-    Decision,
+from inceptionlab.judge.calibrate import (
     RejectTarget,
     calibrate,
     calibration_error,
@@ -17,8 +16,8 @@ from inceptionlab.infer.calibrate import (
     fit_temperature,
     nll,
     selective,
-    softmax,
 )
+from inceptionlab.models.rule import Decision, softmax
 from inceptionlab.models.tta import TTA_VIEWS, iter_views, merge_views, tta_views
 
 

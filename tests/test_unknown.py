@@ -10,7 +10,7 @@ import torch
 from helpers.calibration_run import calibration_run
 from test_serve_browser import browser  # noqa: F401  (the fixture: a headless chromium per test)
 
-from inceptionlab.infer.calibrate import fit_temperature, nll
+from inceptionlab.judge.calibrate import fit_temperature, nll
 from inceptionlab.models.spec import ModelSpec
 
 
@@ -30,7 +30,7 @@ def spec_of(run) -> ModelSpec:
 
 
 def test_evaluate_fits_the_temperature_on_validation_logits_and_saves_it(run, cli):
-    from inceptionlab.infer.evaluate import evaluate_run
+    from inceptionlab.judge.evaluate import evaluate_run
 
     report = evaluate_json(cli, run.run_dir)
     scores = evaluate_run(run.run_dir, None, None, device=torch.device("cpu"), batch_size=8, num_workers=0).scores
@@ -106,8 +106,8 @@ def test_tta_gain_is_measured_in_one_pass_and_the_rule_remembers_it(run, cli):
 
 
 def test_tta_is_adopted_only_where_it_helped():
-    from inceptionlab.infer.decision import adopted, tta_gain
-    from inceptionlab.infer.evaluate import Scores
+    from inceptionlab.judge.decision import adopted, tta_gain
+    from inceptionlab.judge.evaluate import Scores
 
     rng = np.random.default_rng(0)
     targets = np.arange(40) % 2
@@ -126,8 +126,8 @@ def test_tta_is_adopted_only_where_it_helped():
 def test_tta_gains_within_the_noise_of_a_few_images_are_not_adopted():
     """Same top-1 and a lower NLL from one image in four is what chance gives: it would double every later
     forward pass for nothing (a 23-image validation split adopted flip on NLL 1.5169 -> 1.4894)."""
-    from inceptionlab.infer.decision import adopted, tta_gain
-    from inceptionlab.infer.evaluate import Scores
+    from inceptionlab.judge.decision import adopted, tta_gain
+    from inceptionlab.judge.evaluate import Scores
 
     targets = np.array([0, 1, 1, 0])
     plain = np.array([[2.0, 0.0], [0.0, 2.0], [0.0, 1.0], [2.0, 0.0]], np.float32)

@@ -70,8 +70,8 @@ def evaluate(
     # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.data.io.decode import UnreadableFile
     from inceptionlab.engine.report import skipped_files_note
-    from inceptionlab.infer.decision import save_calibration
-    from inceptionlab.infer.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
+    from inceptionlab.judge.decision import save_calibration
+    from inceptionlab.judge.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
     from inceptionlab.runtime import resolve_device
 
     run = options.pick_run(run_dir, run)
@@ -109,7 +109,7 @@ def evaluate(
 
 
 def _reject_target(reject: Optional[str]) -> Any:
-    from inceptionlab.infer.calibrate import RejectTarget  # start-up time: torch, as in evaluate()
+    from inceptionlab.judge.calibrate import RejectTarget  # start-up time: torch, as in evaluate()
 
     return None if reject in (None, "none") else RejectTarget.parse(reject)
 
@@ -119,7 +119,7 @@ def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optiona
     """Fit the rule on validation (saved with a run's model), else apply the saved one; then try it on
     --unknown-images."""
     # start-up time: torch, as in evaluate()
-    from inceptionlab.infer.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
+    from inceptionlab.judge.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
     scores = evaluation.scores

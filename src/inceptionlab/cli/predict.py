@@ -88,7 +88,7 @@ def predict(
 
 def _with_overlays(predictor: "Predictor", results: Iterable[dict], out_dir: Path, batch_size: int) -> Iterator[dict]:
     """The results as they come, each classified image's with "explain": its Grad-CAM overlay."""
-    from inceptionlab.infer.explain import Explainer, OverlayNames  # start-up time: torch, as in predict()
+    from inceptionlab.judge.explain import Explainer, OverlayNames  # start-up time: torch, as in predict()
 
     explainer, names = Explainer(predictor.model, predictor.spec, predictor.device), OverlayNames()
     results = iter(results)

@@ -147,7 +147,7 @@ def serve(
 def _explainers(sources: list, weights: Optional[str], device: str) -> Any:
     """Grad-CAM for each served image model, on its eager PyTorch model (whatever runtime serves /infer)."""
     # start-up time: torch, as in serve()
-    from inceptionlab.infer.explain import Explainer
+    from inceptionlab.judge.explain import Explainer
     from inceptionlab.infer.source import load_source
     from inceptionlab.runtime import resolve_device
     from inceptionlab.serve.explain import ExplainService

@@ -21,7 +21,7 @@ from torch import nn
 
 from inceptionlab.data.io.image_files import sample_image_dir
 from inceptionlab.engine.task import main_logits
-from inceptionlab.infer.calibrate import softmax
+from inceptionlab.models.rule import softmax
 from inceptionlab.infer.inputs import image_files, load_images, normalize, random_inputs, spread
 from inceptionlab.infer.onnx_graph import onnx_logits, stamped_spec
 from inceptionlab.infer.source import ModelSource

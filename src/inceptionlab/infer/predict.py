@@ -22,7 +22,7 @@ from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.data.loading.sampler import default_num_workers
 from inceptionlab.engine.task import main_logits, make_task
 from inceptionlab.errors import UserError
-from inceptionlab.infer.calibrate import Decision
+from inceptionlab.models.rule import Decision
 from inceptionlab.infer.tta import with_tta
 from inceptionlab.models.spec import ModelSpec, Normalize
 

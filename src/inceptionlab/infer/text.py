@@ -18,7 +18,7 @@ from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json, atomic_write_text
-from inceptionlab.infer.calibrate import Decision
+from inceptionlab.models.rule import Decision
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.spec import ModelSpec
 

@@ -31,7 +31,7 @@ import yaml
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text, plain_mode
 from inceptionlab.infer.batching import batch_buckets
-from inceptionlab.infer.calibrate import rule_parameters
+from inceptionlab.models.rule import rule_parameters
 from inceptionlab.infer.opsets import runtime_note
 from inceptionlab.models.spec import ModelSpec
 

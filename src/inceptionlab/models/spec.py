@@ -65,7 +65,7 @@ class ModelSpec:
     # or "ema" (their exponential moving average, ema.decay set: engine/ema.py).
     weights: str = "raw"
     # The decision rule, fitted by `evaluate` on the validation split and applied by predict, export
-    # (the graph's metadata, Triton's config) and serve (infer/calibrate.py, models/tta.py):
+    # (the graph's metadata, Triton's config) and serve (models/rule.py, models/tta.py):
     temperature: float = 1.0  # calibrated probabilities: softmax(logits / temperature)
     reject_threshold: float | None = None  # calibrated top-1 probability below which the answer is "unknown"
     reject_target: str | None = None  # what the threshold was chosen for on validation, e.g. "precision=0.95"

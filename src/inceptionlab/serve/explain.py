@@ -2,7 +2,7 @@
 
     curl -s --data-binary @dog.jpg 'http://127.0.0.1:8000/v1/explain?model=NAME' -o dog.cam.png
 
-Off by default: an explanation runs the eager PyTorch model forward and backward (infer/explain.py),
+Off by default: an explanation runs the eager PyTorch model forward and backward (judge/explain.py),
 whatever runtime serves /infer, so it costs several inferences (benchmarks/explain.py measures how many)
 and is kept out of the batcher and the inference metrics. Explanations run one at a time per model in
 the preprocessing threads, so they never hold up the event loop or the batches; the answer's headers name
@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.explain import Explainer, overlay
+from inceptionlab.judge.explain import Explainer, overlay
 from inceptionlab.serve.protocol import ProtocolError
 from inceptionlab.serve.service import ServeError, ServeState
 

@@ -38,7 +38,7 @@ from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.engine.task import make_task
 from inceptionlab.infer.batching import batch_buckets
 from inceptionlab.errors import UserError
-from inceptionlab.infer.calibrate import Decision
+from inceptionlab.models.rule import Decision
 from inceptionlab.infer.tta import run_with_tta
 from inceptionlab.infer.inputs import image_files
 from inceptionlab.infer.parity import torch_logits

@@ -30,7 +30,7 @@ import numpy as np
 from inceptionlab import __version__
 from inceptionlab.errors import UserError, summary_of
 from inceptionlab.host import name_os_thread
-from inceptionlab.infer.calibrate import rule_parameters
+from inceptionlab.models.rule import rule_parameters
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
 from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, ServedModel

@@ -1,7 +1,7 @@
 """Likely label errors: images whose given class the model's held-out probabilities contradict.
 
 Ranked by confident learning (Northcutt et al. 2021) with cleanlab's `find_label_issues`, from the
-per-image results table (infer/results.py): no model is run. The probabilities must be held out (the
+per-image results table (judge/results.py): no model is run. The probabilities must be held out (the
 validation split of a run, whose images the model never trained on); on the training split the model
 has memorised the labels, wrong ones included, and few errors are found.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.results import Results
+from inceptionlab.judge.results import Results
 
 
 def _cleanlab_filter() -> Any:

@@ -2,7 +2,7 @@
 
 Everything here takes validation **logits** and labels (numpy, (N, C); a binary model's one logit z
 as the two logits [0, z], whose softmax is [1 - sigmoid(z), sigmoid(z)]): the per-image results table's
-(infer/results.py, `evaluate`'s eval/logits.npy), whether in memory right after `evaluate` scored them
+(judge/results.py, `evaluate`'s eval/logits.npy), whether in memory right after `evaluate` scored them
 or read back with `read_results`.
 
 - `fit_temperature`: the T that minimises the negative log-likelihood of softmax(logits / T) (Guo
@@ -14,8 +14,9 @@ or read back with `read_results`.
 - `choose_threshold`: the lowest calibrated top-1 probability to answer with, chosen on validation
   for the precision (accuracy of the answers given) or the coverage (share of images answered) the
   user names; below it the answer is "unknown".
-- `Decision`: the rule as the spec carries it (temperature, threshold), applied by predict, evaluate
-  and serve alike.
+
+Applying the rule (calibrated probabilities, the "unknown" answer) is models/rule.py's: predict, export
+and serve need it without judging anything.
 """
 
 from __future__ import annotations
@@ -25,16 +26,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from inceptionlab.errors import UserError
-from inceptionlab.models.spec import ModelSpec
+from inceptionlab.models.rule import softmax
 
 ECE_BINS = 15  # Guo et al.'s reliability diagrams and ECE
 # 1/T is searched in [BETA_MIN, BETA_MAX]: T from 0.01 (logits 100x too timid) to 1000 (a model whose
 # scores say nothing, fitted to the uniform answer). Outside that the data, not the model, is odd.
 BETA_MIN, BETA_MAX = 1e-3, 100.0
-UNKNOWN = "unknown"  # the answer below the reject threshold
 TARGETS = ("precision", "coverage")
 
 
@@ -48,13 +47,6 @@ def _check(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarr
     if len(labels) and (labels.min() < 0 or labels.max() >= logits.shape[1]):
         raise ValueError(f"labels outside 0..{logits.shape[1] - 1}")
     return logits, labels
-
-
-def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    scaled = np.asarray(logits, dtype=np.float64) / temperature
-    scaled = scaled - scaled.max(axis=1, keepdims=True)
-    exp = np.exp(scaled)
-    return exp / exp.sum(axis=1, keepdims=True)
 
 
 def nll(logits: np.ndarray, labels: np.ndarray, temperature: float = 1.0) -> float:
@@ -290,55 +282,3 @@ def calibrate(logits: np.ndarray, labels: np.ndarray, *, fit: bool = True, tempe
         coverage, precision, answered = selective(conf, correct, threshold)
         result.threshold = Threshold(threshold, precision, coverage, answered, len(labels), "as saved")
     return result
-
-
-# --------------------------------------------------------------------------------------- applying the rule
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The spec's decision rule: calibrated probabilities and the "unknown" answer (predict, evaluate, serve)."""
-
-    temperature: float = 1.0
-    threshold: float | None = None
-
-    @classmethod
-    def of(cls, spec: ModelSpec) -> "Decision":
-        return cls(spec.temperature, spec.reject_threshold)
-
-    def scale(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits as the calibrated probabilities see them (the task's softmax/sigmoid comes after)."""
-        return logits if self.temperature == 1.0 else logits.float() / self.temperature
-
-    def unknown(self, top_probability: float) -> bool:
-        return self.threshold is not None and top_probability < self.threshold
-
-    def unknown_mask(self, top_probabilities: np.ndarray) -> np.ndarray:
-        top = np.asarray(top_probabilities).reshape(-1)
-        return np.zeros(len(top), bool) if self.threshold is None else top < self.threshold
-
-    def answer(self, probabilities: Any, labels: list[str]) -> dict[str, Any]:
-        """One image's answer from its calibrated probabilities: the top label or "unknown", the top
-        probability as its score, and whether it fell below the threshold (predict --json, /v1/classify)."""
-        row = np.asarray(probabilities, dtype=np.float64).reshape(-1)
-        index = int(row.argmax())
-        unknown = self.unknown(float(row[index]))
-        return {"answer": UNKNOWN if unknown else labels[index], "score": round(float(row[index]), 6),
-                "unknown": unknown}
-
-    def describe(self) -> str:
-        parts = [f"temperature {self.temperature:.4g}" if self.temperature != 1.0 else "uncalibrated (T = 1)"]
-        if self.threshold is not None:
-            parts.append(f"unknown below {self.threshold:.4f}")
-        return ", ".join(parts)
-
-
-def rule_parameters(spec: ModelSpec, tta: str | None = None) -> list[tuple[str, str]]:
-    """The decision rule as configuration parameters (the server's model config, an exported Triton
-    config): how `probabilities` are calibrated from `logits`, and when the answer is "unknown"."""
-    rule = [("temperature", f"{spec.temperature:.9g}")]
-    if tta is not None:
-        rule.append(("tta", tta))
-    if spec.reject_threshold is not None:
-        rule += [("reject_threshold", f"{spec.reject_threshold:.9g}"), ("reject_target", spec.reject_target or "")]
-    return rule

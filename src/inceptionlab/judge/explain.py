@@ -12,7 +12,7 @@ ttach into every environment that explains. tests/test_explain.py checks its map
 computed by hand on a small network.
 
 This is the one piece after evaluation that runs the model again: it needs gradients, which the
-per-image results table (infer/results.py) cannot hold.
+per-image results table (judge/results.py) cannot hold.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from inceptionlab.data.io.decode import load_rgb
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write
-from inceptionlab.infer.results import as_two_class
+from inceptionlab.judge.results import as_two_class
 from inceptionlab.models.registry import cam_layer
 from inceptionlab.models.spec import ModelSpec
 

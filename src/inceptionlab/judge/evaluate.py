@@ -29,7 +29,7 @@ from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json, sha256_file
-from inceptionlab.infer.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
+from inceptionlab.judge.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
 from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
 from inceptionlab.models.registry import RANDOM_WEIGHTS, load_pretrained_model, load_run_model
@@ -75,7 +75,7 @@ def map_folders_to_model(folders: list[str], spec: ModelSpec, root: Path) -> lis
 
 @dataclass
 class PerImage:
-    """What the per-image results table (infer/results.py) is written from."""
+    """What the per-image results table (judge/results.py) is written from."""
 
     logits: Any  # float32 (N, C) numpy array, binary tasks as [0, z]
     targets: Any  # int64 (N,) numpy array
@@ -300,7 +300,7 @@ def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
 
 
 def save_per_image(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
-    """results.csv, logits.npy and results.json: one row per scored image (infer/results.py)."""
+    """results.csv, logits.npy and results.json: one row per scored image (judge/results.py)."""
     rows = evaluation.per_image
     assert rows is not None
     return write_results(out_dir, rows.logits, rows.targets, files=rows.files, samples=rows.samples,

@@ -22,10 +22,10 @@ from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json
-from inceptionlab.infer.calibrate import (
+from inceptionlab.judge.calibrate import (
     Calibration, RejectTarget, calibrate, calibration_error, nll, per_image_nll, top1,
 )
-from inceptionlab.infer.evaluate import Scores
+from inceptionlab.judge.evaluate import Scores
 from inceptionlab.infer.predict import Predictor
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.models.tta import views_of
