@@ -223,3 +223,41 @@ def test_an_in_memory_split_gets_thumbnails_and_overlays_from_its_pixels(cifar_r
     assert items and all(item["thumb"].startswith("data:image/jpeg;base64,") for item in items)
     assert sum(item["cam"] is not None for item in items) == min(3, data["misclassified_total"])
     assert all(item["name"].startswith("sample ") for item in items)
+
+
+def one_folder_run(run, into: Path) -> Path:
+    """The small run as if trained on one folder of class folders (no train/ or val/): every image in
+    ONE/<class>/, and the split training made recorded in the run's splits.csv."""
+    import shutil
+
+    import yaml
+
+    one = into / "one_folder"
+    lines = ["file,label,split"]
+    for path in sorted(run.data.rglob("*.png")):
+        split, label = path.relative_to(run.data).parts[:2]
+        target = one / label / f"{split}_{path.name}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+        lines.append(f"{target.relative_to(one)},{label},{split}")
+    (run.run_dir / "splits.csv").write_text("\n".join(lines) + "\n")
+    recipe = yaml.safe_load((run.run_dir / "recipe.resolved.yaml").read_text())
+    recipe["data"]["root"] = str(one)
+    (run.run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe))
+    return one
+
+
+def test_every_image_of_one_folder_data_is_not_held_out(tmp_path, tmp_path_factory, cli):
+    """`evaluate RUN --split all` on a run's own one-folder data scores its training images too: the table
+    is not held out, and the report says so instead of ranking training images as held-out label errors."""
+    run = small_run(tmp_path_factory).copy(tmp_path)
+    one_folder_run(run, tmp_path)
+    assert cli("evaluate", run.run_dir, "--json").code == 0  # its recorded validation split: held out
+    summary = json.loads(cli("report", run.run_dir, "--json", "--cam", "0", "--label-issues", "0").out)
+    assert summary["samples"] == 18 and summary["held_out"] is True
+    result = cli("evaluate", run.run_dir, "--split", "all", "--keep-rule", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["samples"] == 48
+    summary = json.loads(cli("report", run.run_dir, "--json", "--cam", "0", "--label-issues", "0").out)
+    assert summary["held_out"] is False and any("trained on" in note for note in summary["notes"])
+    assert json.loads((run.run_dir / "eval" / "results.json").read_text())["held_out"] is False

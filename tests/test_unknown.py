@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -300,3 +301,275 @@ def test_the_page_shows_unknown_with_the_score_and_threshold(served, browser, tm
         threshold = f"{spec_of(run).reject_threshold * 100:.1f}%"
         assert text.startswith("unknown: the model's best guess scores") and threshold in text
         browser.save_screenshot(str(tmp_path / "unknown.png"))
+
+
+# --------------------------------------------------------------------------------------- one rule, applied alike
+
+
+def answered_files(cli, run_dir, *inputs, extra=()) -> dict[str, dict]:
+    result = cli("predict", "--run", run_dir, *inputs, *extra, "--json")
+    assert result.code == 0, result.err
+    return {row["file"]: row for row in map(json.loads, result.out.splitlines())}
+
+
+def test_predict_answers_exactly_the_images_evaluate_promised(run, cli):
+    """A threshold set exactly at a validation image's score: `evaluate` promises k answered, `predict` on the
+    same images answers those k. predict once recomputed the score in float32 and compared it "strictly
+    below" the float64 threshold evaluate had set at that image's own score: 341 answered where evaluate
+    promised 342. The image chosen here is one whose score float32 arithmetic rounds down."""
+    from inceptionlab.judge.calibrate import fit_temperature
+    from inceptionlab.judge.results import read_results
+    from inceptionlab.models.rule import softmax
+
+    evaluate_json(cli, run.run_dir)
+    table = read_results(run.run_dir / "eval")
+    temperature = fit_temperature(table.logits, table.targets)  # what evaluate fitted (the first test's claim)
+    exact = softmax(table.logits, temperature).max(axis=1)
+    rounded = (torch.from_numpy(table.logits) / temperature).softmax(dim=1).max(dim=1).values.double().numpy()
+    candidates = [i for i in np.flatnonzero(rounded < exact) if np.sum(exact == exact[i]) == 1]
+    assert candidates, "no validation score that float32 rounds down: choose another run"
+    chosen = candidates[0]
+    k, n = int(np.sum(exact >= exact[chosen])), len(exact)
+    report = evaluate_json(cli, run.run_dir, "--reject", f"coverage={k / n!r}")
+    promised = report["calibration"]["reject"]
+    assert promised["answered"] == k and promised["threshold"] == pytest.approx(exact[chosen], abs=1e-6)
+    rows = answered_files(cli, run.run_dir, run.data / "val")
+    assert len(rows) == n
+    answered = {file for file, row in rows.items() if not row["unknown"]}
+    expected = {row["file"] for row, score in zip(table.rows, exact) if score >= exact[chosen]}
+    assert answered == expected and len(answered) == k
+
+
+def test_a_tta_other_than_the_rules_is_refused_before_any_work_with_the_fix(run, cli, monkeypatch):
+    """A temperature and threshold fitted on plain logits mean something else on averaged ones: on a digits
+    run fitted for precision 0.995, `predict --tta flip` answered 42% of validation `unknown`, and the
+    answered ones were 96.6% right. Asked for another mode than the rule's, predict, serve and evaluate
+    (on a split that fits nothing) refuse in one line that says what to run instead."""
+    from inceptionlab.errors import UserError
+    from inceptionlab.judge import evaluate as evaluate_module
+    from inceptionlab.serve.models import ModelLoadSettings, load_served_model
+
+    evaluate_json(cli, run.run_dir, "--tta", "none", "--reject", "precision=0.9")  # the rule: fitted without TTA
+    image = run.data / "val" / "fox" / "fox_1.png"
+    refused = cli("predict", "--run", run.run_dir, image, "--tta", "flip")
+    assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1
+    assert "--tta flip" in refused.err and f"inceptionlab evaluate {run.run_dir} --tta flip" in refused.err
+    assert answered_files(cli, run.run_dir, image, extra=("--tta", "none"))  # the rule's own mode is fine
+    settings = ModelLoadSettings(backend="eager", precision="fp32", device="cpu", max_batch=2, log=lambda m: None,
+                                 tta="flip")
+    with pytest.raises(UserError, match="--tta flip"):
+        load_served_model(settings, run_dir=run.run_dir, name="tiny")
+    scored = []
+    real = evaluate_module.run_evaluation
+    monkeypatch.setattr(evaluate_module, "run_evaluation", lambda *a, **k: scored.append(1) or real(*a, **k))
+    refused = cli("evaluate", run.run_dir, "--split", "train", "--tta", "flip")
+    assert refused.code == 2 and "--tta flip" in refused.err and scored == []
+
+
+def test_tta_measured_but_not_adopted_leaves_the_files_of_the_rule_saved(run, cli, tmp_path, monkeypatch):
+    """eval.json, results.csv and logits.npy describe the rule saved in spec.json: when the views are not
+    adopted, the plain logits of the same pass (and their figures), not the averaged ones."""
+    from inceptionlab.judge import decision
+
+    plain = evaluate_json(cli, run.run_dir, "--tta", "none", "--keep-rule", "--out", tmp_path / "plain")
+    monkeypatch.setattr(decision, "TTA_GAIN_STANDARD_ERRORS", float("inf"))  # no gain is enough: never adopted
+    report = evaluate_json(cli, run.run_dir, "--tta", "flip-crops")
+    assert "not adopted" in report["note"] and report["tta"] == "none"
+    assert report["tta_gain"]["nll_with"] != pytest.approx(report["tta_gain"]["nll_without"])  # the views changed the logits
+    assert report["top1"] == plain["top1"] and report["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    assert report["per_class"] == plain["per_class"]
+    written = run.run_dir / "eval"
+    assert np.array_equal(np.load(written / "logits.npy"), np.load(tmp_path / "plain" / "logits.npy"))
+    assert (written / "results.csv").read_text() == (tmp_path / "plain" / "results.csv").read_text()
+    assert json.loads((written / "results.json").read_text())["tta"] == "none"
+    assert json.loads((written / "eval.json").read_text())["top1"] == plain["top1"]
+
+
+def shifted_copy(data, into):
+    """The run's images with their colour channels rotated: another data set's photos of the same classes,
+    which the model mostly gets wrong."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for path in sorted((data / split).rglob("*.png")):
+            target = into / path.relative_to(data)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pixels = np.asarray(Image.open(path).convert("RGB"))
+            Image.fromarray(np.ascontiguousarray(pixels[..., [1, 2, 0]])).save(target)
+    return into
+
+
+def test_other_data_is_scored_under_the_saved_rule_and_never_changes_it(run, cli, tmp_path):
+    """`evaluate RUN --data OTHER` where OTHER has a val/ once refitted the temperature and threshold on the
+    foreign photos and overwrote RUN/spec.json; with a saved reject target a shifted folder could not be
+    scored at all ("no threshold reaches precision ... on validation"). Only the run's own validation
+    split fits a rule: other data is scored under the saved one, and the output says so."""
+    fitted = evaluate_json(cli, run.run_dir, "--reject", "precision=0.9")
+    saved = (run.run_dir / "spec.json").read_bytes()
+    other = shifted_copy(run.data, tmp_path / "other")
+    result = cli("evaluate", run.run_dir, "--data", other)
+    assert result.code == 0, result.err
+    assert (run.run_dir / "spec.json").read_bytes() == saved
+    assert "decision rule saved" not in result.out and f"the rule saved in {run.run_dir / 'spec.json'}" in result.out
+    report = evaluate_json(cli, run.run_dir, "--data", other)
+    assert not report["calibration"]["fitted"] and report["rule_saved_to"] is None
+    assert report["calibration"]["reject"]["target"] == "as saved"
+    assert report["calibration"]["temperature"] == fitted["calibration"]["temperature"]
+    assert (run.run_dir / "spec.json").read_bytes() == saved
+
+
+def test_options_that_cannot_apply_are_refused_before_scoring(run, cli, tmp_path, monkeypatch):
+    """`evaluate RUN --data HOLDOUT --reject precision=0.95` scored 500 images for 6 minutes and only then
+    said --reject needs the validation split: the options are checked before any image is scored."""
+    from inceptionlab.judge import evaluate as evaluate_module
+
+    scored = []
+    real = evaluate_module.run_evaluation
+    monkeypatch.setattr(evaluate_module, "run_evaluation", lambda *a, **k: scored.append(1) or real(*a, **k))
+    refused = cli("evaluate", run.run_dir, "--split", "train", "--reject", "precision=0.9")
+    assert refused.code == 2 and "validation split" in refused.err and scored == []
+    other = shifted_copy(run.data, tmp_path / "other")
+    refused = cli("evaluate", run.run_dir, "--data", other, "--reject", "precision=0.9")
+    assert refused.code == 2 and "validation split" in refused.err and scored == []
+    refused = cli("evaluate", run.run_dir, "--unknown-images", tmp_path / "missing")
+    assert refused.code == 2 and "--unknown-images" in refused.err and scored == []
+
+
+def test_a_fit_on_few_images_says_how_few_and_what_ece_means_there(run, cli):
+    """The temperature fitted on 40 validation images made ECE worse (0.078 -> 0.092) while NLL improved,
+    without a word about the sample size. At 18 images ECE over 15 bins is mostly chance: the output says
+    how few images the fit rests on and the ECE a perfectly calibrated model would show there by chance."""
+    result = cli("evaluate", run.run_dir, "--reject", "coverage=0.5")
+    assert result.code == 0, result.err
+    saved = json.loads((run.run_dir / "eval" / "calibration.json").read_text())
+    chance = saved["ece_by_chance"]
+    assert 0.03 < chance["mean"] < 0.3 and chance["mean"] < chance["p90"]
+    line = next(line for line in result.out.splitlines() if "by chance" in line)
+    assert "18 images" in line and "15 bins" in line and f"{chance['mean']:.3f}" in line
+    assert "interval" in next(line for line in result.out.splitlines() if line.startswith("unknown below"))
+
+
+def test_the_calibration_page_lists_what_calibration_json_holds(run, cli):
+    from pathlib import Path
+
+    evaluate_json(cli, run.run_dir, "--tta", "flip", "--unknown-images", run.outside)
+    keys = set(json.loads((run.run_dir / "eval" / "calibration.json").read_text()))
+    page = (Path(__file__).parents[1] / "docs" / "calibration.md").read_text()
+    files = page[page.index("## Files"):]
+    assert {key for key in keys if f"`{key}`" not in files} == set()
+
+
+def test_explain_answers_the_rules_class_with_its_calibrated_probability(served):
+    """/v1/explain's X-Class-Probability was the raw softmax (0.8547 where /v1/classify said 0.9744 at T 0.60)
+    of a top class it chose itself: it is the rule's answer, class and calibrated score, as /v1/classify's."""
+    pytest.importorskip("captum", reason="Captum is not installed (the trust extra)")
+    from fastapi.testclient import TestClient
+
+    from inceptionlab.cli.serve import _explainers
+    from inceptionlab.serve.app import create_app
+
+    run, model = served
+    service = _explainers([(model, run.run_dir)], None, "cpu")
+    with TestClient(create_app([model], explain=service)) as client:
+        for path in [run.data / "val" / "fox" / "fox_1.png", run.outside / "noise_0.png"]:
+            classified = client.post("/v1/classify", content=path.read_bytes()).json()["results"][0]
+            answer = client.post("/v1/explain", content=path.read_bytes())
+            assert answer.status_code == 200
+            assert int(answer.headers["x-class-index"]) == classified["topk"][0]["index"]
+            assert float(answer.headers["x-class-probability"]) == pytest.approx(classified["score"], abs=1e-5)
+            assert answer.headers["x-answer"] == classified["answer"]
+
+
+@pytest.fixture
+def tta_rule(run, cli, monkeypatch):
+    """The calibration run with a rule fitted under flip (adopted whatever its gain: any gain is enough
+    here) and a threshold answering half of validation."""
+    from inceptionlab.judge import decision
+
+    monkeypatch.setattr(decision, "TTA_GAIN_STANDARD_ERRORS", float("-inf"))
+    report = evaluate_json(cli, run.run_dir, "--tta", "flip", "--reject", "coverage=0.5")
+    assert report["tta"] == "flip", report["note"]
+    return run, report
+
+
+def test_a_rule_with_tta_is_applied_alike_by_predict_http_grpc_and_explain(tta_rule, cli):
+    """One rule (flip, its temperature, its threshold) from spec.json in every consumer: predict answers the
+    validation images evaluate promised, and /v1/classify, gRPC's `unknown` output and /v1/explain's
+    headers give predict's answers and scores."""
+    pytest.importorskip("captum", reason="Captum is not installed (the trust extra)")
+    tg = pytest.importorskip("tritonclient.grpc")
+    from serve_helpers import serve_model, uvicorn_thread
+
+    from inceptionlab.cli.serve import _explainers
+    from inceptionlab.serve.app import create_app
+    from inceptionlab.serve.service import RequestSettings
+
+    run, report = tta_rule
+    files = sorted((run.data / "val").rglob("*.png")) + [run.outside / "noise_0.png", run.outside / "grey_3.png"]
+    predicted = answered_files(cli, run.run_dir, *files)
+    rows = [predicted[str(f)] for f in files]
+    on_validation = rows[:-2]
+    assert sum(not r["unknown"] for r in on_validation) == report["calibration"]["reject"]["answered"]
+    model = serve_model(run.run_dir)
+    assert model.tta == "flip"
+    service = _explainers([(model, run.run_dir)], None, "cpu")
+    app = create_app([model], RequestSettings(), grpc_address="127.0.0.1:0", explain=service)
+    with uvicorn_thread(app) as base, tg.InferenceServerClient(f"127.0.0.1:{app.state.serve.grpc_port}") as client:
+        import httpx
+
+        for start in range(0, len(files), model.max_request):  # requests of at most --max-batch images
+            chunk, expected = files[start:start + model.max_request], rows[start:start + model.max_request]
+            classified = httpx.post(f"{base}/v1/classify", files=[("files", (f.name, f.read_bytes())) for f in chunk],
+                                    timeout=60).json()["results"]
+            assert [(r["answer"], r["unknown"]) for r in classified] == [(r["answer"], r["unknown"]) for r in expected]
+            assert [r["score"] for r in classified] == pytest.approx([r["score"] for r in expected], abs=1e-5)
+            tensor = tg.InferInput("image_bytes", [len(chunk), 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([f.read_bytes() for f in chunk], dtype=object).reshape(-1, 1))
+            answer = client.infer("tiny", [tensor])
+            assert answer.as_numpy("unknown").reshape(-1).tolist() == [r["unknown"] for r in expected]
+            assert answer.as_numpy("probabilities").max(axis=1) == pytest.approx([r["score"] for r in expected], abs=1e-5)
+        for path, row in zip(files[::5], rows[::5]):
+            explained = httpx.post(f"{base}/v1/explain", content=path.read_bytes(), timeout=60)
+            assert float(explained.headers["x-class-probability"]) == pytest.approx(row["score"], abs=1e-5)
+            assert explained.headers["x-answer"] == row["answer"]
+
+
+def _leading_words(line: str) -> str:
+    """A printed line's fixed words: those before the first figure or path ("calibration on", "wrote")."""
+    words = []
+    for word in line.split():
+        if any(c.isdigit() for c in word) or "/" in word:
+            break
+        words.append(word)
+    return " ".join(words)
+
+
+def _page_block(page: str, command: str) -> list[str]:
+    """The lines of the page's first example block that runs `command`."""
+    for block in re.findall(r"```\n(.*?)```", page, re.S):
+        if block.startswith(f"$ {command}"):
+            return block.splitlines()
+    raise AssertionError(f"no example of `{command}` on the page")
+
+
+def test_the_pages_show_what_evaluate_and_predict_print(run, cli):
+    """first-steps.md showed evaluate's output without its calibration lines, `decision rule saved to
+    .../spec.json` and reliability.png (so a newcomer never learnt that scoring rewrites spec.json), and
+    predict --json rows without `answer`, `score`, `unknown` (errors-and-trust.md too): each kind of line
+    evaluate prints after its table is on the page, and the pages' JSON rows have predict's keys."""
+    from pathlib import Path
+
+    docs = Path(__file__).parents[1] / "docs"
+    result = cli("evaluate", run.run_dir)
+    assert result.code == 0, result.err
+    printed = result.out.splitlines()
+    after_table = printed[printed.index(next(line for line in printed if " samples  loss " in line)) + 1:]
+    kinds = {_leading_words(line) for line in after_table if line.strip()}
+    shown = _page_block((docs / "first-steps.md").read_text(), "inceptionlab evaluate")
+    assert {kind for kind in kinds if not any(line.startswith(kind) for line in shown)} == set()
+    assert any("reliability.png" in line for line in shown) and any("spec.json" in line for line in shown)
+    keys = set(next(iter(answered_files(cli, run.run_dir, run.data / "val" / "fox").values())))
+    for page in ("first-steps.md", "errors-and-trust.md"):
+        rows = [json.loads(line) for line in (docs / page).read_text().splitlines()
+                if line.startswith('{"file"') and '"topk"' in line]
+        assert rows and all(set(row) >= keys for row in rows), page
