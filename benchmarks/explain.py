@@ -54,7 +54,7 @@ def configurations(explainer: Explainer, batch: torch.Tensor, classes: list[int]
         explainer.maps(batch, classes)
 
     def gradcam_top() -> None:
-        top = explainer.probabilities(batch).argmax(dim=1).tolist()
+        top = explainer.answers(batch).index.tolist()
         explainer.maps(batch, top)
 
     cams = explainer.maps(batch, classes)

@@ -141,7 +141,8 @@ def test_predict_raw_strings_json(imdb_run, tmp_path, cli):
     assert [r["text"] for r in rows] == ["The movie was great!", "An awful, boring waste of time.",
                                          "A wonderful film, I loved it!"]
     for row in rows:
-        assert set(row) == {"text", "label", "probability"} and 0 <= row["probability"] <= 1
+        assert set(row) == {"text", "answer", "score", "unknown", "label", "probability"} and 0 <= row["probability"] <= 1
+        assert row["answer"] == row["label"] and not row["unknown"]  # a run never evaluated: no threshold
         assert row["label"] == ("pos" if row["probability"] > 0.5 else "neg")
 
 

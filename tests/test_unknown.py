@@ -12,6 +12,7 @@ from helpers.calibration_run import calibration_run
 from test_serve_browser import browser  # noqa: F401  (the fixture: a headless chromium per test)
 
 from inceptionlab.judge.calibrate import fit_temperature, nll
+from inceptionlab.models.rule import DecisionRule
 from inceptionlab.models.spec import ModelSpec
 
 
@@ -36,7 +37,7 @@ def test_evaluate_fits_the_temperature_on_validation_logits_and_saves_it(run, cl
     report = evaluate_json(cli, run.run_dir)
     scores = evaluate_run(run.run_dir, None, None, device=torch.device("cpu"), batch_size=8, num_workers=0).scores
     # The saved temperature is the NLL minimum on the validation logits (not on probabilities).
-    assert spec_of(run).temperature == pytest.approx(fit_temperature(scores.logits, scores.targets), rel=1e-6)
+    assert spec_of(run).rule.temperature == pytest.approx(fit_temperature(scores.logits, scores.targets), rel=1e-6)
     calibration = report["calibration"]
     assert calibration["fitted"] and calibration["samples"] == 18 == len(scores.targets)
     assert calibration["nll_after"] < calibration["nll_before"] == pytest.approx(nll(scores.logits, scores.targets), abs=1e-5)
@@ -52,14 +53,14 @@ def test_unknown_answers_images_of_no_class_and_keeps_what_validation_promised(r
     reject = report["calibration"]["reject"]
     assert reject["precision"] >= 0.9 and 0 < reject["coverage"] < 1 and reject["target"] == "precision=0.9"
     spec = spec_of(run)
-    assert spec.reject_threshold == pytest.approx(reject["threshold"]) and spec.reject_target == "precision=0.9"
+    assert spec.rule.threshold == pytest.approx(reject["threshold"]) and spec.rule.target == "precision=0.9"
     outside = report["outside_images"]
     assert outside["images"] == 24 and outside["unknown_share"] >= 0.9
     # predict answers by the saved rule: noise is unknown, a clean square of a class is named.
     result = cli("predict", "--run", run.run_dir, run.outside / "noise_0.png", run.data / "val" / "fox" / "fox_1.png",
                  "--json")
     noise, fox = (json.loads(line) for line in result.out.splitlines())
-    assert noise["answer"] == "unknown" and noise["unknown"] and noise["score"] < spec.reject_threshold
+    assert noise["answer"] == "unknown" and noise["unknown"] and noise["score"] < spec.rule.threshold
     assert fox["answer"] == "fox" and not fox["unknown"] and fox["score"] == fox["topk"][0]["prob"]
 
 
@@ -83,9 +84,9 @@ def test_other_splits_apply_the_saved_rule_and_change_nothing(run, cli):
     assert refused.code == 2 and "validation split" in refused.err
     # Fitting again without --reject keeps the user's target and chooses its threshold anew.
     evaluate_json(cli, run.run_dir)
-    assert spec_of(run).reject_target == "coverage=0.5"
+    assert spec_of(run).rule.target == "coverage=0.5"
     evaluate_json(cli, run.run_dir, "--reject", "none")
-    assert spec_of(run).reject_threshold is None and spec_of(run).reject_target is None
+    assert spec_of(run).rule.threshold is None and spec_of(run).rule.target is None
 
 
 def test_tta_gain_is_measured_in_one_pass_and_the_rule_remembers_it(run, cli):
@@ -97,13 +98,13 @@ def test_tta_gain_is_measured_in_one_pass_and_the_rule_remembers_it(run, cli):
     assert gain["top1_with"] == pytest.approx(report["top1"])
     helped = gain["top1_gain"] >= 0 and gain["nll_gain"] > 2 * gain["nll_gain_se"]  # beyond these images' noise
     assert gain["nll_gain"] == pytest.approx(gain["nll_without"] - gain["nll_with"], abs=1e-6)
-    assert spec_of(run).tta == ("flip-crops" if helped else "none")
+    assert spec_of(run).rule.tta == ("flip-crops" if helped else "none")
     assert (report["note"] is None) == helped
     from inceptionlab.infer.predict import Predictor
     from inceptionlab.models.registry import load_run_model
 
     net, spec = load_run_model(run.run_dir)
-    assert Predictor(net, spec, torch.device("cpu")).tta == spec.tta  # predict's default is the saved rule
+    assert Predictor(net, spec, torch.device("cpu")).tta == spec.rule.tta  # predict's default is the saved rule
 
 
 def test_tta_is_adopted_only_where_it_helped():
@@ -146,18 +147,26 @@ def test_export_carries_the_rule_and_its_parity_reads_it_back(run, cli):
     from google.protobuf import text_format
 
     model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from inceptionlab.infer.onnx_graph import stamped_spec
+    from inceptionlab.infer.sidecar import read_sidecar
+
     evaluate_json(cli, run.run_dir, "--reject", "precision=0.9")
     spec = spec_of(run)
     result = cli("export", run.run_dir, "--format", "triton", "--json")
     assert result.code == 0, result.err
     decision = json.loads(result.out)["parity"]["decision"]
-    assert decision["ok"] and decision["temperature"] == spec.temperature
-    assert decision["reject_threshold"] == spec.reject_threshold and decision["unknown_agree"] >= 9
+    assert decision["ok"] and decision["temperature"] == spec.rule.temperature
+    assert decision["reject_threshold"] == spec.rule.threshold and decision["unknown_agree"] >= 9
     config = text_format.Parse(next((run.run_dir / "exports" / "triton").glob("*/config.pbtxt")).read_text(),
                                model_config_pb2.ModelConfig())
     params = {k: v.string_value for k, v in config.parameters.items()}
-    assert float(params["temperature"]) == pytest.approx(spec.temperature)
-    assert float(params["reject_threshold"]) == pytest.approx(spec.reject_threshold)
+    # In full: a Triton client reproduces the rule's comparison to the bit.
+    assert float(params["temperature"]) == spec.rule.temperature and float(params["reject_threshold"]) == spec.rule.threshold
+    assert params["tta"] == spec.rule.tta and params["reject_target"] == "precision=0.9"
+    assert params["rule_fitted_on"] == "18 images of val"
+    onnx_file = run.run_dir / "exports" / "model.onnx"
+    assert stamped_spec(onnx_file).rule == spec.rule  # the whole rule inside the graph's metadata
+    assert ModelSpec.from_dict(read_sidecar(onnx_file)["spec"]).rule == spec.rule
 
 
 def test_a_new_rule_makes_the_export_stale(run, cli):
@@ -175,7 +184,7 @@ def test_parity_fails_when_the_file_carries_another_rule():
     from inceptionlab.infer.parity import compare_decisions
 
     logits = np.array([[3.0, 0.0, 0.0], [0.4, 0.3, 0.0]], np.float32)
-    ours = ModelSpec("m", 3, ["a", "b", "c"], temperature=2.0, reject_threshold=0.5)
+    ours = ModelSpec("m", 3, ["a", "b", "c"], rule=DecisionRule(temperature=2.0, threshold=0.5))
     assert compare_decisions(logits, logits + 1e-6, ours, ours)["ok"]
     stale = ModelSpec("m", 3, ["a", "b", "c"])
     verdict = compare_decisions(logits, logits, ours, stale)
@@ -210,8 +219,8 @@ def test_serve_declares_unknown_and_answers_like_predict(served):
         meta = client.get("/v2/models/tiny").json()
         assert {"name": "unknown", "datatype": "BOOL", "shape": [-1, 1]} in meta["outputs"]
         params = client.get("/v2/models/tiny/config").json()["parameters"]
-        assert float(params["temperature"]["string_value"]) == pytest.approx(spec.temperature)
-        assert float(params["reject_threshold"]["string_value"]) == pytest.approx(spec.reject_threshold)
+        assert float(params["temperature"]["string_value"]) == pytest.approx(spec.rule.temperature)
+        assert float(params["reject_threshold"]["string_value"]) == pytest.approx(spec.rule.threshold)
         body = {"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [2, 1],
                             "data": [{"b64": __import__("base64").b64encode(f.read_bytes()).decode()} for f in files]}]}
         outputs = {o["name"]: o for o in client.post("/v2/models/tiny/infer", json=body).json()["outputs"]}
@@ -221,7 +230,7 @@ def test_serve_declares_unknown_and_answers_like_predict(served):
         classified = client.post("/v1/classify", files=[("files", (f.name, f.read_bytes())) for f in files]).json()
         answers = [(r["answer"], r["unknown"]) for r in classified["results"]]
         assert answers == [("unknown", True), ("fox", False)]
-        assert client.get("/v1/models").json()["models"][0]["reject_threshold"] == pytest.approx(spec.reject_threshold)
+        assert client.get("/v1/models").json()["models"][0]["reject_threshold"] == pytest.approx(spec.rule.threshold)
 
 
 def test_grpc_encodes_the_unknown_output_as_bool_contents():
@@ -298,7 +307,7 @@ def test_the_page_shows_unknown_with_the_score_and_threshold(served, browser, tm
         browser.find_element(By.ID, "files").send_keys(str(run.outside / "noise_0.png"))
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "#results .unknown")))
         text = browser.find_element(By.CSS_SELECTOR, "#results .unknown").text
-        threshold = f"{spec_of(run).reject_threshold * 100:.1f}%"
+        threshold = f"{spec_of(run).rule.threshold * 100:.1f}%"
         assert text.startswith("unknown: the model's best guess scores") and threshold in text
         browser.save_screenshot(str(tmp_path / "unknown.png"))
 
@@ -312,11 +321,9 @@ def answered_files(cli, run_dir, *inputs, extra=()) -> dict[str, dict]:
     return {row["file"]: row for row in map(json.loads, result.out.splitlines())}
 
 
-def test_predict_answers_exactly_the_images_evaluate_promised(run, cli):
-    """A threshold set exactly at a validation image's score: `evaluate` promises k answered, `predict` on the
-    same images answers those k. predict once recomputed the score in float32 and compared it "strictly
-    below" the float64 threshold evaluate had set at that image's own score: 341 answered where evaluate
-    promised 342. The image chosen here is one whose score float32 arithmetic rounds down."""
+def _rounding_down(run, cli):
+    """The validation scores as evaluate computes them (float64) and one image whose score float32
+    arithmetic rounds down: (scores, that image's row, the results table, the fitted temperature)."""
     from inceptionlab.judge.calibrate import fit_temperature
     from inceptionlab.judge.results import read_results
     from inceptionlab.models.rule import softmax
@@ -328,16 +335,41 @@ def test_predict_answers_exactly_the_images_evaluate_promised(run, cli):
     rounded = (torch.from_numpy(table.logits) / temperature).softmax(dim=1).max(dim=1).values.double().numpy()
     candidates = [i for i in np.flatnonzero(rounded < exact) if np.sum(exact == exact[i]) == 1]
     assert candidates, "no validation score that float32 rounds down: choose another run"
-    chosen = candidates[0]
+    return exact, candidates[0], table, temperature
+
+
+def test_predict_answers_exactly_the_images_evaluate_promised(run, cli):
+    """`evaluate --reject` promises k answered on validation; `predict` on the same images answers those k,
+    in its own batches. predict once recomputed the score in float32 and compared it "strictly below" a
+    float64 threshold set at a validation image's own score: 341 answered where evaluate promised 342. The
+    image here is one whose score float32 arithmetic rounds down; the threshold now lies between it and
+    the next lower score, where the last bits of logits computed in another batch cannot move an image."""
+    exact, chosen, table, _ = _rounding_down(run, cli)
     k, n = int(np.sum(exact >= exact[chosen])), len(exact)
     report = evaluate_json(cli, run.run_dir, "--reject", f"coverage={k / n!r}")
     promised = report["calibration"]["reject"]
-    assert promised["answered"] == k and promised["threshold"] == pytest.approx(exact[chosen], abs=1e-6)
-    rows = answered_files(cli, run.run_dir, run.data / "val")
+    below = exact[exact < exact[chosen]]
+    assert promised["answered"] == k and exact[chosen] > promised["threshold"] > (below.max() if len(below) else 0)
+    rows = answered_files(cli, run.run_dir, run.data / "val")  # batches of 16 and 2, where evaluate ran one of 18
     assert len(rows) == n
     answered = {file for file, row in rows.items() if not row["unknown"]}
     expected = {row["file"] for row, score in zip(table.rows, exact) if score >= exact[chosen]}
     assert answered == expected and len(answered) == k
+
+
+def test_a_threshold_saved_at_a_validation_score_is_kept_by_predict(run, cli):
+    """A threshold exactly at a validation image's score (as evaluate chose them before, in a spec.json of
+    that time): evaluate --keep-rule promises that image answered, and predict, computing the score the
+    same way (float64, one comparison) from the same logits (one batch, as evaluate's), answers it."""
+    exact, chosen, table, temperature = _rounding_down(run, cli)
+    spec = json.loads((run.run_dir / "spec.json").read_text())
+    spec.pop("rule", None)
+    spec.update(temperature=temperature, reject_threshold=float(exact[chosen]), reject_target=None, tta="none")
+    (run.run_dir / "spec.json").write_text(json.dumps(spec))
+    promised = evaluate_json(cli, run.run_dir, "--keep-rule")["calibration"]["reject"]
+    rows = answered_files(cli, run.run_dir, run.data / "val", extra=("--batch-size", "64"))
+    answered = {file for file, row in rows.items() if not row["unknown"]}
+    assert table.rows[chosen]["file"] in answered and len(answered) == promised["answered"]
 
 
 def test_a_tta_other_than_the_rules_is_refused_before_any_work_with_the_fix(run, cli, monkeypatch):

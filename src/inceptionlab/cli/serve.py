@@ -158,7 +158,7 @@ def _explainers(sources: list, weights: Optional[str], device: str) -> Any:
             continue
         source = load_source(run_dir=run_dir, weights=weights) if run_dir is not None else \
             load_source(model=served.spec.arch, weights=weights)
-        explainers[served.name] = Explainer(source.model, source.spec, resolve_device(device))
+        explainers[served.name] = Explainer(source.model, source.spec, resolve_device(device), rule=served.rule)
         typer.echo(f"explaining {served.name} with Grad-CAM at {explainers[served.name].layer} (POST /v1/explain)")
     return ExplainService(explainers)
 

@@ -330,8 +330,10 @@ def write_report(results: Results, out: Path, settings: ReportSettings, *, devic
     notes: list[str] = []
     images = SampleImages(results)
     if not held_out(results):
-        notes.append(f"these rows score the training split ({results.meta.get('split')}): the model has seen "
-                     "these images, so few label errors show; evaluate the validation split for a fair check")
+        split = results.meta.get("split")
+        what = "the training split" if split == results.meta.get("train_split") else f"split {split}"
+        notes.append(f"these rows score images the model trained on ({what}): it has seen them, so few label "
+                     "errors show and its figures flatter it; evaluate the validation split for a fair check")
     issues, why_not = label_issue_rows(results, settings.label_issues)
     # What the page leaves out goes into `notes`, which the page shows and the command prints: once each.
     if why_not:

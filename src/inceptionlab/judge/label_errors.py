@@ -43,8 +43,11 @@ class LabelIssue:
 
 
 def held_out(results: Results) -> bool:
-    """False when the table scores the split the model was trained on."""
-    return results.meta.get("split") != results.meta.get("train_split")
+    """False when the table holds images the model trained on: its training split, all of a run's own data
+    (`--split all`), or other data holding some of its training files (`evaluate` records which). Tables
+    written before it recorded that: held out unless they score the training split."""
+    recorded = results.meta.get("held_out")
+    return bool(recorded) if recorded is not None else results.meta.get("split") != results.meta.get("train_split")
 
 
 def likely_label_errors(results: Results, temperature: float = 1.0) -> list[LabelIssue]:
