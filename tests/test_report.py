@@ -261,3 +261,16 @@ def test_every_image_of_one_folder_data_is_not_held_out(tmp_path, tmp_path_facto
     summary = json.loads(cli("report", run.run_dir, "--json", "--cam", "0", "--label-issues", "0").out)
     assert summary["held_out"] is False and any("trained on" in note for note in summary["notes"])
     assert json.loads((run.run_dir / "eval" / "results.json").read_text())["held_out"] is False
+
+
+def test_other_data_holding_training_images_is_not_held_out(tmp_path, tmp_path_factory, cli):
+    """--data of a folder that holds the run's training files (here its train/ itself, read whole as other
+    data) scores images the model trained on: not held out, whatever the folder is called."""
+    run = small_run(tmp_path_factory).copy(tmp_path)
+    result = cli("evaluate", run.run_dir, "--data", run.data / "train", "--out", tmp_path / "eval", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["samples"] == 30
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["held_out"] is False
+    result = cli("evaluate", run.run_dir, "--data", run.data / "val", "--out", tmp_path / "val", "--json")
+    assert result.code == 0, result.err
+    assert json.loads((tmp_path / "val" / "results.json").read_text())["held_out"] is True

@@ -47,8 +47,9 @@ def evaluate(
     device: str = options.device_option(),
     as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, "
                                         "not_scored (a run's classes without images here), samples, "
-                                        "files, calibration (temperature, ECE and NLL before/after, reject), tta_gain, "
-                                        "outside_images, rule_saved_to, note, skipped (unreadable files and why)"),
+                                        "files, calibration (temperature, ECE and NLL before/after, ECE by chance, "
+                                        "reject), tta, rule (as fitted or applied), tta_gain, outside_images, "
+                                        "rule_saved_to, note, skipped (unreadable files and why)"),
 ) -> None:
     """Score a model on a labelled image split, and calibrate it.
 

@@ -3,6 +3,11 @@
 For a pretrained ImageNet model, class folders may be named by WordNet id (n01443537, as in
 tiny-imagenet and ImageNet itself) or by the model's own label; their images are scored against the
 model's 1000 outputs, and per-class accuracy is reported for the classes present.
+
+A run's evaluation is planned before any image is scored (`plan_run`: the weights, the data and split,
+whether it is the run's own validation split, the only one a decision rule is fitted on), so that what
+cannot apply is refused first; `score_run` then scores it. The results table records whether its rows
+are held out (`held_out`: false when they hold images the model trained on).
 """
 
 from __future__ import annotations
