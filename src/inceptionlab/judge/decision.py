@@ -65,7 +65,7 @@ class RuleReport:
         lines = [f"calibration on {c.samples} images: temperature {c.temperature:.4g} ({how}); "
                  f"ECE {c.before.ece:.4f} -> {c.after.ece:.4f}, NLL {c.nll_before:.4f} -> {c.nll_after:.4f}"]
         if c.chance is not None and c.chance.worth_saying():
-            lines.append(c.chance.line())
+            lines.append(c.chance.line(c.after.ece))
         if c.threshold is not None:
             lines.append(c.threshold.describe())
         if self.outside is not None:
