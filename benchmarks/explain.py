@@ -1,7 +1,7 @@
 """Grad-CAM's cost per image against a plain forward pass, for `predict --explain`, `report` and `serve --explain`.
 
 For each batch size: a plain forward (torch.inference_mode, eager fp32: what `predict` runs), Grad-CAM
-of a given class (infer/explain.py: Captum's LayerGradCam at the registry's layer, upsampled and scaled:
+of a given class (judge/explain.py: Captum's LayerGradCam at the registry's layer, upsampled and scaled:
 a forward with the layer hooked and a backward to it), Grad-CAM of the model's top class (a forward to
 pick it first, as `serve --explain` does), and drawing the overlay as a PNG. The configurations
 alternate round by round (A, B, C, A, B, C, ...) so drift on a shared machine falls on all of them
@@ -25,7 +25,7 @@ import torch
 
 from _results import write_result  # this folder's sibling module
 from inceptionlab.engine.task import main_logits
-from inceptionlab.infer.explain import Explainer, overlay
+from inceptionlab.judge.explain import Explainer, overlay
 from inceptionlab.models.registry import build_model, drop_aux_heads
 from inceptionlab.models.spec import ModelSpec
 
@@ -54,7 +54,7 @@ def configurations(explainer: Explainer, batch: torch.Tensor, classes: list[int]
         explainer.maps(batch, classes)
 
     def gradcam_top() -> None:
-        top = explainer.probabilities(batch).argmax(dim=1).tolist()
+        top = explainer.answers(batch).index.tolist()
         explainer.maps(batch, top)
 
     cams = explainer.maps(batch, classes)

@@ -17,7 +17,6 @@ to check: calibrated + unknown adds nothing measurable (well under a percent of 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -38,34 +37,32 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from inceptionlab.infer.calibrate import Decision
+    from inceptionlab.models.rule import DecisionRule
     from inceptionlab.serve.models import ModelLoadSettings, load_served_model
 
     settings = ModelLoadSettings(backend=args.backend, precision="fp32", device="cpu", max_batch=args.batch,
                                  instances=1, weights=None if args.run else "random", log=lambda m: None)
     served = load_served_model(settings, run_dir=args.run, model=None if args.run else args.model, name="m")
     inputs = np.random.default_rng(0).normal(size=(args.batch, *served.input_shape)).astype(np.float32)
-    plain_spec = dataclasses.replace(served.spec, temperature=1.0, reject_threshold=None, tta="none")
-    rule_spec = dataclasses.replace(plain_spec, temperature=1.5, reject_threshold=0.5)
-    rules = [("plain", plain_spec, "none"), ("calibrated + unknown", rule_spec, "none")]
-    rules += [(f"tta {mode}", plain_spec, mode) for mode in filter(None, args.tta.split(","))]
+    plain = DecisionRule()
+    rules = [("plain", plain), ("calibrated + unknown", DecisionRule(temperature=1.5, threshold=0.5))]
+    rules += [(f"tta {mode}", DecisionRule(tta=mode)) for mode in filter(None, args.tta.split(","))]
 
-    def answer(spec, tta) -> float:
-        served.spec, served.tta = spec, tta
-        served.decision = Decision.of(spec)
+    def answer(rule: DecisionRule) -> float:
+        served.rule = rule
         start = time.perf_counter()
         served.run(0, [inputs])
         return (time.perf_counter() - start) * 1e3
 
-    for _name, spec, tta in rules:  # warm-up: first calls allocate and pick kernels
-        answer(spec, tta)
-    times: dict[str, list[float]] = {name: [] for name, _, _ in rules}
+    for _name, rule in rules:  # warm-up: first calls allocate and pick kernels
+        answer(rule)
+    times: dict[str, list[float]] = {name: [] for name, _ in rules}
     for _ in range(args.rounds):
-        for name, spec, tta in rules:
-            times[name].append(answer(spec, tta))
+        for name, rule in rules:
+            times[name].append(answer(rule))
     base = float(np.median(times["plain"]))
     rows = []
-    for name, _, _ in rules:
+    for name, _ in rules:
         median = float(np.median(times[name]))
         rows.append({"rule": name, "median_ms": round(median, 3), "p90_ms": round(float(np.percentile(times[name], 90)), 3),
                      "added_ms": round(median - base, 3), "added_pct": round(100 * (median - base) / base, 2)})

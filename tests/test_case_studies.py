@@ -141,7 +141,8 @@ def test_predict_raw_strings_json(imdb_run, tmp_path, cli):
     assert [r["text"] for r in rows] == ["The movie was great!", "An awful, boring waste of time.",
                                          "A wonderful film, I loved it!"]
     for row in rows:
-        assert set(row) == {"text", "label", "probability"} and 0 <= row["probability"] <= 1
+        assert set(row) == {"text", "answer", "score", "unknown", "label", "probability"} and 0 <= row["probability"] <= 1
+        assert row["answer"] == row["label"] and not row["unknown"]  # a run never evaluated: no threshold
         assert row["label"] == ("pos" if row["probability"] > 0.5 else "neg")
 
 
@@ -181,7 +182,7 @@ def test_evaluate_reads_only_the_split_it_scores(imdb_run, split, monkeypatch):
 
     from inceptionlab.data import readers
     from inceptionlab.data.datasets import imdb
-    from inceptionlab.infer.evaluate import evaluate_run, run_evaluation
+    from inceptionlab.judge.evaluate import evaluate_run, run_evaluation
     from inceptionlab.models.registry import load_run_model
 
     reads = []

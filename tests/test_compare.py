@@ -11,8 +11,8 @@ import pytest
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import sha256_file
-from inceptionlab.infer.compare import compare, mcnemar_exact_p, stale_note
-from inceptionlab.infer.results import read_results, write_results
+from inceptionlab.judge.compare import compare, mcnemar_exact_p, stale_note
+from inceptionlab.judge.results import read_results, write_results
 from helpers.page_examples import check_example
 
 LABELS = ["cat", "dog", "owl"]

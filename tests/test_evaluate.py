@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+import yaml
 from conftest import shared_data
 from helpers.datasets import write_tiny_imagenet
+from helpers.small_runs import copy_run_dir
 
 from inceptionlab.data.datasets.tiny_imagenet import prepare_tiny_imagenet
 from inceptionlab.models.registry import cached_weights_file
@@ -133,7 +135,7 @@ def test_pretrained_model_on_wnid_folders(tiny_imagenet, tmp_path, cli, monkeypa
 
 def test_the_first_line_says_what_each_kind_of_weights_file_holds(tmp_path):
     from inceptionlab.checkpoint import RunDir
-    from inceptionlab.infer.evaluate import _what_it_holds
+    from inceptionlab.judge.evaluate import _what_it_holds
     from inceptionlab.models.spec import ModelSpec
 
     run = RunDir(tmp_path)
@@ -151,7 +153,7 @@ def test_the_first_line_points_to_the_best_epoch_when_training_ended_elsewhere(t
     """Training's last line names its best epoch; when that is not the last, evaluate's first line says
     where its weights are (checkpoints/best.pt), so "why is top-1 lower than training said?" answers itself."""
     from inceptionlab.checkpoint import RunDir
-    from inceptionlab.infer.evaluate import _what_it_holds
+    from inceptionlab.judge.evaluate import _what_it_holds
     from inceptionlab.models.spec import ModelSpec
 
     run = RunDir(tmp_path)
@@ -163,3 +165,28 @@ def test_the_first_line_points_to_the_best_epoch_when_training_ended_elsewhere(t
         f"the weights training ended with (epoch 5; the best by val_top1 was epoch 3: --weights {run.best})")
     run.summary_file.write_text(json.dumps({"best_metric": "val_top1", "best": {"epoch": 5}, "epochs_done": 5}))
     assert _what_it_holds(run, run.model_file, raw, given=False) == "the weights training ended with"
+
+
+def test_evaluate_takes_no_progress_as_train_and_lr_find_do(run_and_data, cli, tmp_path):
+    run_dir, _ = run_and_data
+    result = cli("evaluate", run_dir, "--no-progress", "--keep-rule", "--out", tmp_path / "eval")
+    assert result.code == 0, result.err
+    assert "samples" in result.out
+
+
+def test_a_demo_run_scores_a_folder_of_ones_own_photos(run_and_data, cli, tmp_path):
+    """A run of the embedded demo (data.reader digits, which writes its data set into data.root) scoring the
+    user's own photos with --data: the folder is read as class folders, not taken for a place to generate
+    the demo's digits into ("exists but is not a digits ImageFolder; choose an empty or new folder")."""
+    run_dir, data = run_and_data
+    demo = copy_run_dir(run_dir, tmp_path)
+    recipe = yaml.safe_load((demo / "recipe.resolved.yaml").read_text())
+    recipe["data"].update(reader="digits", root=str(tmp_path / "digits"))
+    (demo / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe))
+    photos = tmp_path / "my_photos"
+    shutil.copytree(data / "val", photos)  # class folders of one's own, no split
+    result = cli("evaluate", demo, "--data", photos, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["samples"] == len(list(photos.rglob("*.png"))) and set(report["per_class"]) == {"cat", "dog", "fox"}
+    assert not (tmp_path / "digits").exists()  # nothing generated

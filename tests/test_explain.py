@@ -1,4 +1,4 @@
-"""Grad-CAM (infer/explain.py): Captum's LayerGradCam against Grad-CAM by hand, the registry's target
+"""Grad-CAM (judge/explain.py): Captum's LayerGradCam against Grad-CAM by hand, the registry's target
 layers, and `predict --explain`'s overlays."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from inceptionlab.models.spec import ModelSpec
 
 pytest.importorskip("captum", reason="Captum is not installed (the trust extra)")
 
-from inceptionlab.infer.explain import Explainer, OverlayNames, overlay  # noqa: E402
+from inceptionlab.judge.explain import Explainer, OverlayNames, overlay  # noqa: E402
 
 
 def _tiny_cnn() -> nn.Module:

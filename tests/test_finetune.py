@@ -250,7 +250,7 @@ def test_resume_across_the_unfreeze_is_bit_exact(tmp_path, image_folder):
 def test_features_of_the_worker_and_stream_paths_score_as_the_saved_model_does(tmp_path, image_folder, loader):
     """A linear probe on cached features (taken through the eval view of each data path): its last validation
     loss equals `evaluate` of the saved model.pt on the same images."""
-    from inceptionlab.infer.evaluate import evaluate_run
+    from inceptionlab.judge.evaluate import evaluate_run
 
     sets = [*SMALL_CNN, f"data.loader={loader}", "train.epochs=2", "finetune.freeze_epochs=2"]
     outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)

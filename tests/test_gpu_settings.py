@@ -108,7 +108,7 @@ def test_bench_runs_every_row_with_its_precisions_settings(h100, tmp_path, monke
 
 
 def test_evaluation_runs_with_the_settings_training_validated_with(h100, monkeypatch):
-    import inceptionlab.infer.evaluate as evaluate_module
+    import inceptionlab.judge.evaluate as evaluate_module
     from inceptionlab.models.spec import ModelSpec
 
     seen: list[tuple[bool, bool]] = []

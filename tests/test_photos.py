@@ -24,7 +24,7 @@ from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.transforms.device import Boxes, resample
 from inceptionlab.engine.fit import fit
-from inceptionlab.infer.evaluate import evaluate_run
+from inceptionlab.judge.evaluate import evaluate_run
 from inceptionlab.models.registry import resolve_data_config
 from inceptionlab.models.spec import eval_transform
 

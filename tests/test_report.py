@@ -1,4 +1,4 @@
-"""The error report (infer/error_report.py) and likely label errors (infer/label_errors.py): its numbers on
+"""The error report (judge/error_report.py) and likely label errors (judge/label_errors.py): its numbers on
 constructed tables with known answers, planted label errors found with no false positives, and
 `inceptionlab report` on a trained run. The page in a real browser: tests/test_report_browser.py."""
 
@@ -13,9 +13,9 @@ import pytest
 from helpers.page_examples import check_example
 from helpers.small_runs import small_run
 
-from inceptionlab.infer.error_report import (ReportSettings, _cells, _matrix, _matrix_classes, confusion_matrix,
+from inceptionlab.judge.error_report import (ReportSettings, _cells, _matrix, _matrix_classes, confusion_matrix,
                                              most_confused, per_class, render, summarize, write_report)
-from inceptionlab.infer.results import read_results, write_results
+from inceptionlab.judge.results import read_results, write_results
 
 
 def _table(tmp_path: Path, true: list[int], pred: list[int], labels: list[str], split: str = "val",
@@ -97,7 +97,7 @@ def _planted_probabilities(n_per_class: int, classes: int, planted: int, seed: i
 
 def test_planted_label_errors_are_found_and_no_clean_image_is_flagged(tmp_path):
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     probs, given, flipped = _planted_probabilities(n_per_class=60, classes=5, planted=15)
     write_results(tmp_path, np.log(probs).astype(np.float32), given, files=[""] * len(given),
@@ -116,7 +116,7 @@ def test_planted_label_errors_are_found_and_no_clean_image_is_flagged(tmp_path):
 def test_label_errors_of_a_model_scored_on_some_of_its_classes(tmp_path):
     """A 1000-way model scored on 3 classes: the ranking runs over the classes present."""
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     probs, given, flipped = _planted_probabilities(n_per_class=40, classes=3, planted=6, seed=1)
     wide = np.full((len(given), 10), 1e-4)
@@ -135,7 +135,7 @@ def test_a_model_no_better_than_chance_gets_no_label_error_ranking(tmp_path, cli
     the model's own errors, so the report says why it ranks none instead."""
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
     from inceptionlab.errors import UserError
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     true = [0] * 12 + [1] * 6 + [2] * 3 + [3] * 2
     results = _table(tmp_path, true, [2] * len(true), ["cat", "dog", "fox", "owl"], confidence=30.0)
@@ -156,7 +156,7 @@ def test_label_errors_need_recall_clearly_above_chance_on_the_images_there_are(t
     of 4 classes) is still refused; the planted-error tables above, from good models, pass."""
     pytest.importorskip("cleanlab", reason="cleanlab is not installed (the trust extra)")
     from inceptionlab.errors import UserError
-    from inceptionlab.infer.label_errors import likely_label_errors
+    from inceptionlab.judge.label_errors import likely_label_errors
 
     true = [0] * 12 + [1] * 6 + [2] * 3 + [3] * 2
     pred = [0] * 6 + [2] * 6 + [1] * 3 + [2] * 3 + [0, 0, 2] + [0, 0]  # recalls 0.5, 0.5, 0.333, 0.0
@@ -225,3 +225,54 @@ def test_an_in_memory_split_gets_thumbnails_and_overlays_from_its_pixels(cifar_r
     assert items and all(item["thumb"].startswith("data:image/jpeg;base64,") for item in items)
     assert sum(item["cam"] is not None for item in items) == min(3, data["misclassified_total"])
     assert all(item["name"].startswith("sample ") for item in items)
+
+
+def one_folder_run(run, into: Path) -> Path:
+    """The small run as if trained on one folder of class folders (no train/ or val/): every image in
+    ONE/<class>/, and the split training made recorded in the run's splits.csv."""
+    import shutil
+
+    import yaml
+
+    one = into / "one_folder"
+    lines = ["file,label,split"]
+    for path in sorted(run.data.rglob("*.png")):
+        split, label = path.relative_to(run.data).parts[:2]
+        target = one / label / f"{split}_{path.name}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+        lines.append(f"{target.relative_to(one)},{label},{split}")
+    (run.run_dir / "splits.csv").write_text("\n".join(lines) + "\n")
+    recipe = yaml.safe_load((run.run_dir / "recipe.resolved.yaml").read_text())
+    recipe["data"]["root"] = str(one)
+    (run.run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(recipe))
+    return one
+
+
+def test_every_image_of_one_folder_data_is_not_held_out(tmp_path, tmp_path_factory, cli):
+    """`evaluate RUN --split all` on a run's own one-folder data scores its training images too: the table
+    is not held out, and the report says so instead of ranking training images as held-out label errors."""
+    run = small_run(tmp_path_factory).copy(tmp_path)
+    one_folder_run(run, tmp_path)
+    assert cli("evaluate", run.run_dir, "--json").code == 0  # its recorded validation split: held out
+    summary = json.loads(cli("report", run.run_dir, "--json", "--cam", "0", "--label-issues", "0").out)
+    assert summary["samples"] == 18 and summary["held_out"] is True
+    result = cli("evaluate", run.run_dir, "--split", "all", "--keep-rule", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["samples"] == 48
+    summary = json.loads(cli("report", run.run_dir, "--json", "--cam", "0", "--label-issues", "0").out)
+    assert summary["held_out"] is False and any("trained on" in note for note in summary["notes"])
+    assert json.loads((run.run_dir / "eval" / "results.json").read_text())["held_out"] is False
+
+
+def test_other_data_holding_training_images_is_not_held_out(tmp_path, tmp_path_factory, cli):
+    """--data of a folder that holds the run's training files (here its train/ itself, read whole as other
+    data) scores images the model trained on: not held out, whatever the folder is called."""
+    run = small_run(tmp_path_factory).copy(tmp_path)
+    result = cli("evaluate", run.run_dir, "--data", run.data / "train", "--out", tmp_path / "eval", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["samples"] == 30
+    assert json.loads((tmp_path / "eval" / "results.json").read_text())["held_out"] is False
+    result = cli("evaluate", run.run_dir, "--data", run.data / "val", "--out", tmp_path / "val", "--json")
+    assert result.code == 0, result.err
+    assert json.loads((tmp_path / "val" / "results.json").read_text())["held_out"] is True

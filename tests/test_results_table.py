@@ -13,7 +13,7 @@ import torch
 from helpers.small_runs import PLANTED, small_run
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.results import (SampleFiles, as_two_class, check_aligned, read_results, sample_files,
+from inceptionlab.judge.results import (SampleFiles, as_two_class, check_aligned, read_results, sample_files,
                                         write_results)
 
 
@@ -95,7 +95,7 @@ class _Folder:
 def test_sample_files_follow_subsets_and_relabelling():
     from torch.utils.data import Subset
 
-    from inceptionlab.infer.evaluate import TargetMap
+    from inceptionlab.judge.evaluate import TargetMap
 
     wrapped = Subset(TargetMap(_Folder(), [7, 3]), [3, 1, 2])  # type: ignore[arg-type]
     rows = sample_files(wrapped, skipped=["b/2.png"])

@@ -43,7 +43,7 @@ def test_explanations_are_off_by_default(served):
 
 
 def test_an_explanation_is_the_overlay_of_the_class_the_server_answers(served, explaining):
-    from inceptionlab.infer.explain import overlay
+    from inceptionlab.judge.explain import overlay
 
     run, model = served
     client, service = explaining

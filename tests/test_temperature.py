@@ -8,8 +8,7 @@ import torch
 from scipy.optimize import minimize_scalar
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.calibrate import (
-    Decision,
+from inceptionlab.judge.calibrate import (
     RejectTarget,
     calibrate,
     calibration_error,
@@ -17,8 +16,10 @@ from inceptionlab.infer.calibrate import (
     fit_temperature,
     nll,
     selective,
-    softmax,
+    chance_ece,
+    wilson_interval,
 )
+from inceptionlab.models.rule import DecisionRule, FittedOn, softmax
 from inceptionlab.models.tta import TTA_VIEWS, iter_views, merge_views, tta_views
 
 
@@ -134,15 +135,18 @@ def test_the_precision_threshold_answers_as_many_as_it_can():
     confidences = np.array([0.99, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
     correct = np.array([1, 1, 1, 1, 0, 1, 0, 0])
     pick = choose_threshold(confidences, correct, RejectTarget.parse("precision=0.8"))
-    # Top 6 are 5/6 = 0.833 right (the most answered at >= 0.8); top 7 would be 5/7 = 0.71.
-    assert (pick.threshold, pick.answered, pick.precision) == (0.6, 6, pytest.approx(5 / 6))
+    # Top 6 are 5/6 = 0.833 right (the most answered at >= 0.8); top 7 would be 5/7 = 0.71. The threshold
+    # lies halfway between the lowest answered (0.6) and the highest refused (0.5).
+    assert (pick.threshold, pick.answered, pick.precision) == (pytest.approx(0.55), 6, pytest.approx(5 / 6))
     assert selective(confidences, correct, pick.threshold)[:2] == (0.75, pytest.approx(5 / 6))
 
 
 def test_the_coverage_threshold_keeps_ties_together():
     confidences = np.array([0.9, 0.8, 0.8, 0.8, 0.3])
     pick = choose_threshold(confidences, np.array([1, 1, 0, 1, 0]), RejectTarget.parse("coverage=40%"))
-    assert (pick.threshold, pick.answered) == (0.8, 4)  # 2 of 5 asked; the tie at 0.8 comes whole
+    assert (pick.threshold, pick.answered) == (pytest.approx(0.55), 4)  # 2 of 5 asked; the tie at 0.8 comes whole
+    everything = choose_threshold(confidences, np.array([1, 1, 0, 1, 0]), RejectTarget.parse("coverage=1"), floor=0.2)
+    assert (everything.threshold, everything.answered) == (pytest.approx(0.25), 5)  # below the lowest, above 1/C
 
 
 def test_an_unreachable_precision_says_what_is_reachable():
@@ -156,12 +160,69 @@ def test_bad_targets_are_one_line_errors(text):
         RejectTarget.parse(text)
 
 
-def test_the_decision_applies_temperature_before_the_threshold():
-    decision = Decision(temperature=2.0, threshold=0.6)
-    logits = torch.tensor([[4.0, 0.0], [0.5, 0.0]])
-    probs = decision.scale(logits).softmax(dim=1)
-    assert probs[0, 0] == pytest.approx(1 / (1 + np.exp(-2.0)))
-    assert decision.unknown_mask(probs.max(dim=1).values.numpy()).tolist() == [False, True]
+def test_the_rule_applies_temperature_before_the_threshold():
+    rule = DecisionRule(temperature=2.0, threshold=0.6)
+    answers = rule.decide(torch.tensor([[4.0, 0.0], [0.5, 0.0]]))
+    assert answers.score[0] == pytest.approx(1 / (1 + np.exp(-2.0)))
+    assert answers.unknown.tolist() == [False, True] and answers.reason == (None, "unsure")
+    assert answers.row(1, ["a", "b"]) == {"answer": "unknown", "score": round(float(answers.score[1]), 6), "unknown": True}
+
+
+def test_a_score_equal_to_the_threshold_is_answered_and_binary_logits_are_zero_and_z():
+    """The threshold is chosen at a validation image's own score: that image is answered. A binary model's
+    one logit z scores as softmax([0, z] / T), as evaluate's results table stores it."""
+    z = np.array([1.3, -0.2, 0.0], np.float32)
+    rule = DecisionRule(temperature=1.7)
+    scores = rule.decide(z).score
+    assert scores == pytest.approx(1 / (1 + np.exp(-np.abs(z.astype(np.float64)) / 1.7)))
+    at = DecisionRule(temperature=1.7, threshold=float(scores[1])).decide(z[:, None])
+    assert at.unknown.tolist() == [False, False, True] and at.index.tolist() == [1, 0, 0]
+
+
+def test_a_fitted_rule_refuses_another_tta_and_an_unfitted_one_takes_it():
+    fresh = DecisionRule()
+    assert fresh.under("flip").tta == "flip" and fresh.under(None) is fresh
+    fitted = DecisionRule(temperature=1.3, fitted_on=FittedOn("val", 18))
+    assert fitted.under("none") is fitted
+    with pytest.raises(UserError, match=r"--tta flip: .* fitted on 18 images of val with test-time augmentation none.*"
+                                        r"inceptionlab evaluate RUN --tta flip"):
+        fitted.under("flip", "RUN")
+
+
+def test_spec_json_carries_the_rule_and_reads_the_flat_fields_written_before():
+    from inceptionlab.models.spec import ModelSpec
+
+    rule = DecisionRule("flip", 1.25, 0.8, "precision=0.95", FittedOn("val", 40, "/data"))
+    spec = ModelSpec("resnet18", 2, ["a", "b"], rule=rule)
+    assert ModelSpec.from_dict(spec.to_dict()) == spec and spec.to_dict()["rule"]["fitted_on"]["images"] == 40
+    old = {k: v for k, v in spec.to_dict().items() if k != "rule"}
+    old.update(temperature=1.25, reject_threshold=0.8, reject_target="precision=0.95", tta="flip")
+    legacy = ModelSpec.from_dict(old).rule
+    assert (legacy.tta, legacy.temperature, legacy.threshold, legacy.target) == ("flip", 1.25, 0.8, "precision=0.95")
+    assert legacy.fitted and legacy.fitted_on is None
+    with pytest.raises(ValueError, match="threshold"):
+        DecisionRule(threshold=1.5)
+
+
+def test_chance_ece_of_one_bin_is_the_binomials_mean_absolute_deviation():
+    """40 images all at confidence 0.9 (one bin): ECE is |hits/40 - 0.9|, whose mean under Binomial(40, 0.9)
+    is known exactly; the drawn estimate agrees, and shrinks as the images grow."""
+    from scipy.stats import binom
+
+    hits = np.arange(41)
+    exact = float(np.sum(binom.pmf(hits, 40, 0.9) * np.abs(hits / 40 - 0.9)))
+    drawn = chance_ece(np.full(40, 0.9), draws=4000)
+    assert drawn.mean == pytest.approx(exact, rel=0.05) and drawn.p90 > drawn.mean
+    assert chance_ece(np.full(40, 0.9)).worth_saying()
+    assert not chance_ece(np.full(40_000, 0.9)).worth_saying()
+
+
+def test_the_wilson_interval_is_scipys():
+    from scipy.stats import binomtest
+
+    for right, answered in [(9, 9), (38, 40), (0, 5), (500, 1000)]:
+        ci = binomtest(right, answered).proportion_ci(confidence_level=0.95, method="wilson")
+        assert wilson_interval(right, answered) == pytest.approx((ci.low, ci.high), abs=1e-6)
 
 
 # --------------------------------------------------------------------------------------- TTA views

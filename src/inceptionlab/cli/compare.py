@@ -35,9 +35,9 @@ def compare(
       inceptionlab compare RUN_A RUN_B --json | jq .p_value
     """
     # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
-    from inceptionlab.infer.compare import compare as compare_results
-    from inceptionlab.infer.compare import stale_note
-    from inceptionlab.infer.results import read_results
+    from inceptionlab.judge.compare import compare as compare_results
+    from inceptionlab.judge.compare import stale_note
+    from inceptionlab.judge.results import read_results
 
     tables = read_results(a), read_results(b)
     for note in filter(None, map(stale_note, tables)):

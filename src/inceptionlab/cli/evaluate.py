@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -25,8 +26,9 @@ def evaluate(
         "folders and no val/, all of it); `all`: every image of the data's class folders."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write eval.json, confusion.csv, plots/ and the "
                                        "per-image results.csv + logits.npy (default: RUN/eval)."),
-    tta: Optional[str] = options.tta_option("the model's own (spec.json); on the validation split the rule is "
-                                            "fitted under it and saved with it"),
+    tta: Optional[str] = options.tta_option("the rule's own (spec.json); on the run's validation split the rule "
+                                            "is fitted under it and saved with it; elsewhere a fitted rule refuses "
+                                            "another"),
     reject: Optional[str] = typer.Option(
         None, "--reject", metavar="TARGET",
         help="Choose a reject threshold on the validation split: precision=P (the images answered at least P "
@@ -36,21 +38,26 @@ def evaluate(
         None, "--unknown-images", metavar="DIR",
         help="Images of none of the classes (noise, another data set): report the share answered 'unknown'."),
     keep_rule: bool = typer.Option(False, "--keep-rule", help="Fit nothing and change nothing: report the saved "
-                                   "temperature and threshold on this split (the default on any split but validation)."),
+                                   "rule on this split (always so on other data and on any split but the run's "
+                                   "validation split)."),
+    progress: Optional[bool] = typer.Option(None, "--progress/--no-progress",
+                                            help="A progress bar of the batches scored (default: on a terminal)."),
     batch_size: int = options.batch_size_option(64),
     num_workers: Optional[int] = options.num_workers_option(),
     device: str = options.device_option(),
     as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, "
                                         "not_scored (a run's classes without images here), samples, "
-                                        "files, calibration (temperature, ECE and NLL before/after, reject), tta_gain, "
-                                        "outside_images, rule_saved_to, note, skipped (unreadable files and why)"),
+                                        "files, calibration (temperature, ECE and NLL before/after, ECE by chance, "
+                                        "reject), tta, rule (as fitted or applied), tta_gain, outside_images, "
+                                        "rule_saved_to, note, skipped (unreadable files and why)"),
 ) -> None:
     """Score a model on a labelled image split, and calibrate it.
 
-    On the validation split it fits the temperature that calibrates the model's probabilities (on its
-    logits) and, with --reject, the threshold below which the answer is 'unknown'; both are saved in the
-    run's spec.json with the test-time augmentation they were fitted under, and predict, export and serve
-    answer by them. eval/plots/reliability.png shows the calibration before and after.
+    On the run's own validation split it fits the temperature that calibrates the model's probabilities
+    (on its logits) and, with --reject, the threshold below which the answer is 'unknown'; both are saved
+    in the run's spec.json with the test-time augmentation they were fitted under, and predict, export and
+    serve answer by them. Any other split, and other data (--data), is scored under the saved rule and
+    changes nothing. eval/plots/reliability.png shows the calibration before and after.
 
     Examples:
 
@@ -70,8 +77,8 @@ def evaluate(
     # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
     from inceptionlab.data.io.decode import UnreadableFile
     from inceptionlab.engine.report import skipped_files_note
-    from inceptionlab.infer.decision import save_calibration
-    from inceptionlab.infer.evaluate import evaluate_pretrained, evaluate_run, save_evaluation
+    from inceptionlab.judge.decision import check_before_scoring, save_calibration
+    from inceptionlab.judge.evaluate import evaluate_pretrained, plan_run, save_evaluation, score_run
     from inceptionlab.runtime import resolve_device
 
     run = options.pick_run(run_dir, run)
@@ -80,16 +87,24 @@ def evaluate(
     dev = resolve_device(device)
     tta = options.check_tta(tta)
     if run is not None:
-        evaluation = evaluate_run(run, data, split, device=dev, batch_size=batch_size, num_workers=num_workers,
-                                  weights=Path(weights) if weights else None, tta=tta)
+        plan = plan_run(run, data, split, Path(weights) if weights else None)
+        fits = plan.validation and not keep_rule
+        check_before_scoring(plan.spec.rule, fits=fits, why_not="--keep-rule" if plan.validation else
+                             plan.why_not_validation(), reject=reject, tta=tta, unknown_images=unknown_images,
+                             where=str(run))
+        evaluation = score_run(plan, device=dev, batch_size=batch_size, num_workers=num_workers,
+                               tta=tta if fits else plan.spec.rule.under(tta, str(run)).tta, progress=progress)
         out = out or run / "eval"
     else:
         if data is None:
             raise UserError("--model needs --data DIR: class folders named by ImageNet wnid or label")
+        fits = not keep_rule
+        check_before_scoring(_pretrained_rule(), fits=fits, why_not="--keep-rule", reject=reject, tta=tta,
+                             unknown_images=unknown_images, where=model)
         evaluation = evaluate_pretrained(model, weights or "imagenet", data, device=dev, batch_size=batch_size,
-                                         num_workers=num_workers, tta=tta)
+                                         num_workers=num_workers, tta=tta, progress=progress)
         out = out or Path("runs") / "evaluate" / model / time.strftime("%Y%m%d-%H%M%S")
-    rule = _decision(evaluation, run, target, reject, keep_rule, unknown_images, weights, dev, batch_size)
+    evaluation, rule = _decision(evaluation, run, fits, target, reject, unknown_images, weights, dev, batch_size)
     paths = save_evaluation(evaluation, out)
     paths.update(save_calibration(rule, out))
     report = {**evaluation.report(), **rule.to_dict()}
@@ -109,40 +124,48 @@ def evaluate(
 
 
 def _reject_target(reject: Optional[str]) -> Any:
-    from inceptionlab.infer.calibrate import RejectTarget  # start-up time: torch, as in evaluate()
+    from inceptionlab.judge.calibrate import RejectTarget  # start-up time: torch, as in evaluate()
 
     return None if reject in (None, "none") else RejectTarget.parse(reject)
 
 
-def _decision(evaluation: Any, run: Optional[Path], target: Any, reject: Optional[str], keep_rule: bool,
-              unknown_images: Optional[Path], weights: Optional[str], device: Any, batch_size: int) -> Any:
-    """Fit the rule on validation (saved with a run's model), else apply the saved one; then try it on
-    --unknown-images."""
+def _pretrained_rule() -> Any:
+    from inceptionlab.models.rule import DecisionRule  # start-up time: torch, as in evaluate()
+
+    return DecisionRule()  # a pretrained model's: never fitted
+
+
+def _decision(evaluation: Any, run: Optional[Path], fit: bool, target: Any, reject: Optional[str],
+              unknown_images: Optional[Path], weights: Optional[str], device: Any, batch_size: int) -> tuple[Any, Any]:
+    """Fit the rule on the run's validation split (saved with a run's model.pt), else apply the saved one;
+    then try it on --unknown-images. Returns the evaluation as the rule saw it (without the TTA views
+    when they were measured but not adopted: its files then describe the rule saved) and the report."""
     # start-up time: torch, as in evaluate()
-    from inceptionlab.infer.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
+    from inceptionlab.judge.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
     scores = evaluation.scores
-    fit = scores.validation and not keep_rule
-    if not fit and reject is not None:
-        raise UserError("--reject chooses a threshold on the validation split; this evaluation fits nothing "
-                        "(--split other than validation, or --keep-rule): drop it, or score the validation split")
     gain = tta_gain(scores)
     chosen, note = adopted(scores, gain) if fit else (scores, None)
-    calibration, spec = decide(chosen, evaluation.spec, fit=fit, target=target, drop_threshold=reject == "none")
-    report = RuleReport(calibration, spec, gain, note=note)
+    if chosen is not scores:
+        evaluation = evaluation.without_tta()
+    calibration, rule = decide(chosen, evaluation.spec.rule, fit=fit, target=target, drop_threshold=reject == "none")
+    report = RuleReport(calibration, rule, gain, note=note)
     if unknown_images is not None:
         if run is not None:
             net, _ = load_run_model(run, Path(weights) if weights else None)
         else:
             net, _ = load_pretrained_model(evaluation.spec.arch, weights or "imagenet")
-        report.outside = outside_images(net, spec, unknown_images, device, batch_size)
+        report.outside = outside_images(net, dataclasses.replace(evaluation.spec, rule=rule), unknown_images, device,
+                                        batch_size)
     if fit and run is not None and not weights:
-        report.saved_to = save_rule(run, spec)
+        report.saved_to = save_rule(run, evaluation.spec, rule)
     elif fit and run is not None:
         report.note = "; ".join(filter(None, [note, "rule not saved: --weights scored other weights than the "
                                               "run's model.pt"]))
-    return report
+    elif run is not None:
+        report.applied_from = Path(run) / "spec.json"
+    return evaluation, report
 
 
 def _print_table(report: dict, split: str = "val") -> None:

@@ -58,7 +58,8 @@ def num_workers_option() -> Any:
 TTA_MODES = ("none", "flip", "crops", "flip-crops")
 
 
-def tta_option(default_source: str = "the model's own (spec.json's tta; none if unset)") -> Any:
+def tta_option(default_source: str = "the decision rule's own (spec.json; none if unset); a rule fitted by "
+               "`evaluate` refuses another (fit it under the new one: evaluate RUN --tta MODE)") -> Any:
     return typer.Option(None, "--tta", help="Test-time augmentation: none, flip (2 views), crops (the image and "
                         "its 4 corner crops), flip-crops (10 views); logits averaged over the views. "
                         f"Default: {default_source}.", show_default=False)

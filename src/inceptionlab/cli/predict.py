@@ -33,7 +33,8 @@ def predict(
     batch_size: int = options.batch_size_option(16),
     device: str = options.device_option(),
     as_json: bool = options.json_option('one object per input, {"file", "answer", "score", "unknown", "topk"} or '
-                                        '{"file", "error"}; answer is "unknown" below a run\'s reject threshold'),
+                                        '{"file", "error"}; answer is "unknown" below a run\'s reject threshold; a '
+                                        'text: {"text", "answer", "score", "unknown", "label", "probability"}'),
 ) -> None:
     """Classify images; exits 1 if any input failed (the others are still classified).
 
@@ -70,7 +71,8 @@ def predict(
         net, spec = load_run_model(run, Path(weights) if weights else None)
     else:
         net, spec = load_pretrained_model(model or "inception_v3", weights or "imagenet")
-    predictor = Predictor(net, spec, resolve_device(device), tta=options.check_tta(tta))
+    predictor = Predictor(net, spec, resolve_device(device), tta=options.check_tta(tta),
+                          where=str(run) if run is not None else spec.arch)
     for note in _left_out_notes(inputs):  # stderr: --json keeps stdout to results
         typer.echo(f"note: {note}", err=True)
     results = predictor.predict_files(inputs, topk=topk, batch_size=batch_size)
@@ -88,7 +90,7 @@ def predict(
 
 def _with_overlays(predictor: "Predictor", results: Iterable[dict], out_dir: Path, batch_size: int) -> Iterator[dict]:
     """The results as they come, each classified image's with "explain": its Grad-CAM overlay."""
-    from inceptionlab.infer.explain import Explainer, OverlayNames  # start-up time: torch, as in predict()
+    from inceptionlab.judge.explain import Explainer, OverlayNames  # start-up time: torch, as in predict()
 
     explainer, names = Explainer(predictor.model, predictor.spec, predictor.device), OverlayNames()
     results = iter(results)
@@ -114,7 +116,7 @@ def _predict_texts(run: Optional[Path], texts: List[str], files: List[Path], dev
             print(json.dumps(result))
         else:
             shown = result["text"] if len(result["text"]) <= 70 else result["text"][:67] + "..."
-            print(f"{result['label']:<8} P(positive)={result['probability']:.3f}  {shown}")
+            print(f"{result['answer']:<8} P(positive)={result['probability']:.3f}  {shown}")
 
 
 def _run_given_first(run: Optional[Path], model: Optional[str], inputs: list[Path]) -> tuple[Optional[Path], list[Path]]:

@@ -41,8 +41,8 @@ def report(
       inceptionlab report runs/.../20261122-101500 --cam 0 --json             # numbers only, no model run
     """
     # start-up time: torch (~1-2 s) loads when the command runs, never for `inceptionlab --help`
-    from inceptionlab.infer.error_report import REPORT_HTML, ReportSettings, write_report
-    from inceptionlab.infer.results import read_results
+    from inceptionlab.judge.error_report import REPORT_HTML, ReportSettings, write_report
+    from inceptionlab.judge.results import read_results
     from inceptionlab.runtime import resolve_device
 
     results = read_results(path)

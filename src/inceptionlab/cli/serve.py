@@ -147,7 +147,7 @@ def serve(
 def _explainers(sources: list, weights: Optional[str], device: str) -> Any:
     """Grad-CAM for each served image model, on its eager PyTorch model (whatever runtime serves /infer)."""
     # start-up time: torch, as in serve()
-    from inceptionlab.infer.explain import Explainer
+    from inceptionlab.judge.explain import Explainer
     from inceptionlab.infer.source import load_source
     from inceptionlab.runtime import resolve_device
     from inceptionlab.serve.explain import ExplainService
@@ -158,7 +158,7 @@ def _explainers(sources: list, weights: Optional[str], device: str) -> Any:
             continue
         source = load_source(run_dir=run_dir, weights=weights) if run_dir is not None else \
             load_source(model=served.spec.arch, weights=weights)
-        explainers[served.name] = Explainer(source.model, source.spec, resolve_device(device))
+        explainers[served.name] = Explainer(source.model, source.spec, resolve_device(device), rule=served.rule)
         typer.echo(f"explaining {served.name} with Grad-CAM at {explainers[served.name].layer} (POST /v1/explain)")
     return ExplainService(explainers)
 

@@ -122,12 +122,16 @@ def _digits_root(cfg: DataConfig) -> Path:
 class ImageReader:
     root: Callable[[DataConfig], Path]
     labels: Callable[[Path, list[str]], list[str]] | None = None
+    # The reader writes its data set into data.root (the embedded demo's digits): a folder of the user's
+    # own photos given to `evaluate --data` is read as class folders instead, never taken for a place to
+    # generate into.
+    makes_its_data: bool = False
 
 
 READERS: dict[str, ImageReader] = {
     "imagefolder": ImageReader(_folder_root),
     "tiny_imagenet": ImageReader(_tiny_imagenet_root, _tiny_imagenet_labels),
-    "digits": ImageReader(_digits_root),
+    "digits": ImageReader(_digits_root, makes_its_data=True),
 }
 
 

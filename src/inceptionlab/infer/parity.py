@@ -21,7 +21,6 @@ from torch import nn
 
 from inceptionlab.data.io.image_files import sample_image_dir
 from inceptionlab.engine.task import main_logits
-from inceptionlab.infer.calibrate import softmax
 from inceptionlab.infer.inputs import image_files, load_images, normalize, random_inputs, spread
 from inceptionlab.infer.onnx_graph import onnx_logits, stamped_spec
 from inceptionlab.infer.source import ModelSource
@@ -84,37 +83,27 @@ def compare_logits(reference: np.ndarray, candidate: np.ndarray, real: bool, rto
     return Parity(len(reference), real, max_abs, max_rel, int(agree.sum()), explained, ok, rtol)
 
 
-def _calibrated(logits: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    """softmax(logits / T) (a binary model's one logit z as [0, z]), float64."""
-    z = logits.astype(np.float64).reshape(len(logits), -1)
-    if z.shape[1] == 1:
-        z = np.concatenate([np.zeros_like(z), z], axis=1)
-    return softmax(z, spec.temperature)
-
-
 def compare_decisions(reference: np.ndarray, candidate: np.ndarray, spec: ModelSpec,
                       exported: ModelSpec | None, rtol: float = PARITY_RTOL) -> dict[str, Any]:
-    """The exported file's decision rule against the model's: the same temperature and threshold, and
-    on these inputs calibrated probabilities within `rtol` and the same "unknown" answers (a flip passes
-    only where PyTorch's top probability is within that error of the threshold)."""
+    """The exported file's decision rule against the model's: the same rule (temperature, threshold, target,
+    TTA, what it was fitted on), and on these inputs calibrated probabilities within `rtol` and the same
+    "unknown" answers (a flip passes only where PyTorch's top probability is within that error of the
+    threshold)."""
     out: dict[str, Any] = {"temperature": None, "reject_threshold": None, "probabilities_max_abs_err": float("nan"),
                            "unknown_agree": 0, "ok": False, "problem": ""}
     if exported is None:
         out["problem"] = "the exported file carries no model spec"
         return out
-    out.update(temperature=exported.temperature, reject_threshold=exported.reject_threshold)
-    if (exported.temperature, exported.reject_threshold) != (spec.temperature, spec.reject_threshold):
-        out["problem"] = (f"the file says temperature {exported.temperature}, threshold {exported.reject_threshold}; "
-                          f"the model {spec.temperature}, {spec.reject_threshold}")
+    rule, theirs_rule = spec.rule, exported.rule
+    out.update(temperature=theirs_rule.temperature, reject_threshold=theirs_rule.threshold)
+    if theirs_rule != rule:
+        out["problem"] = f"the file's decision rule is {theirs_rule.describe()}; the model's {rule.describe()}"
         return out
-    ours, theirs = _calibrated(reference, spec), _calibrated(candidate, exported)
-    error = float(np.abs(ours - theirs).max()) if ours.size else 0.0
-    top_ours, top_theirs = ours.max(axis=1), theirs.max(axis=1)
-    threshold = spec.reject_threshold
-    if threshold is None:
-        agree = np.ones(len(ours), bool)
-    else:
-        agree = ((top_ours < threshold) == (top_theirs < threshold)) | (np.abs(top_ours - threshold) <= error)
+    ours, theirs = rule.decide(reference), theirs_rule.decide(candidate)
+    error = float(np.abs(ours.probabilities - theirs.probabilities).max()) if len(ours) else 0.0
+    agree = (ours.unknown == theirs.unknown)
+    if rule.threshold is not None:
+        agree |= np.abs(ours.score - rule.threshold) <= error
     out.update(probabilities_max_abs_err=error, unknown_agree=int(agree.sum()))
     out["ok"] = error <= rtol and bool(agree.all())
     if not out["ok"]:

@@ -3,8 +3,9 @@
 The model, its preprocessing and its decision rule come from one place: the run's spec.json, or the
 pretrained weights' own metadata (for torchvision's Inception v3: resize 342, centre crop 299,
 bilinear, ImageNet mean/std; the guide resizes to 299, the weights were evaluated at 342 -> 299).
-The rule: test-time augmentation (`spec.tta`, or `tta=` here), probabilities at the spec's
-temperature, and the answer "unknown" when the top probability is below its reject threshold.
+The rule (models/rule.py) answers: its test-time augmentation's views averaged, probabilities at its
+temperature, "unknown" when the top one is below its threshold. Another `tta=` than a fitted rule's
+is refused.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
 from inceptionlab.data.io.decode import ImageReadError, load_rgb
 from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.data.loading.sampler import default_num_workers
-from inceptionlab.engine.task import main_logits, make_task
+from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError
-from inceptionlab.infer.calibrate import Decision
 from inceptionlab.infer.tta import with_tta
+from inceptionlab.models.rule import Answers
 from inceptionlab.models.spec import ModelSpec, Normalize
 
 
@@ -32,7 +34,8 @@ class Predictor:
     model: nn.Module
     spec: ModelSpec
     device: torch.device
-    tta: str | None = None  # None: the spec's
+    tta: str | None = None  # None: the rule's (a fitted rule refuses another)
+    where: str = "the model"  # the run directory, for messages
     # Files decoded side by side per batch (None: the loaders' default, one per core up to 8). Pillow
     # releases the GIL while it decodes, so threads suffice: a 12 MP phone JPEG takes ~43 ms even at
     # 1/8 scale on one AMD EPYC Zen 3 core, more than a small model or a GPU takes to classify it.
@@ -41,26 +44,29 @@ class Predictor:
     def __post_init__(self) -> None:
         if self.spec.input_kind != "image":
             raise UserError(f"this {self.spec.arch} model classifies text: use --text or --text-file, not image files")
+        self.rule = self.spec.rule.under(self.tta, self.where)
+        self.tta = self.rule.tta
         self.model = self.model.to(self.device).eval()
-        self.tta = self.tta or self.spec.tta
         self.runner = with_tta(self.model, self.tta)  # self.model stays the plain network (Grad-CAM reads it)
-        self.decision = Decision.of(self.spec)
         self.transform = self.spec.eval_transform()
         self.normalize: Normalize = self.spec.normalizer().to(self.device)
-        self.task = make_task(self.spec.task, self.spec.num_classes)
         self._decoders: ThreadPoolExecutor | None = None
 
     @torch.inference_mode()
-    def probabilities(self, batch: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW batch (already resized and cropped) -> calibrated class probabilities."""
-        logits = main_logits(self.runner(self.normalize(batch.to(self.device))))
-        return self.task.probabilities(self.decision.scale(logits)).cpu()
+    def logits(self, batch: torch.Tensor) -> torch.Tensor:
+        """uint8 NCHW batch (already resized and cropped) -> float32 logits on the CPU, averaged over the rule's views."""
+        return main_logits(self.runner(self.normalize(batch.to(self.device)))).float().cpu()
 
+    def answers(self, batch: torch.Tensor) -> Answers:
+        """The rule's answers for a uint8 NCHW batch: classes, calibrated probabilities, unknown."""
+        return self.rule.decide(self.logits(batch))
 
-    def topk(self, probs: torch.Tensor, k: int) -> list[dict[str, Any]]:
-        values, indices = probs.topk(min(k, probs.numel()))
+    def topk(self, probs: np.ndarray, k: int) -> list[dict[str, Any]]:
+        """[{"label", "index", "prob"}] of one image's calibrated probabilities, most probable first (ties
+        in index order)."""
+        order = np.argsort(-np.asarray(probs), kind="stable")[: min(k, len(probs))]
         labels = self.spec.labels
-        return [{"label": labels[i], "index": int(i), "prob": round(float(p), 6)} for p, i in zip(values, indices)]
+        return [{"label": labels[i], "index": int(i), "prob": round(float(probs[i]), 6)} for i in order]
 
     def predict_files(self, inputs: Iterable[str | Path], topk: int = 5, batch_size: int = 16) -> Iterator[dict[str, Any]]:
         """One result per file, in input order (a folder's files in their sorted place): {"file", "answer",
@@ -109,10 +115,11 @@ class Predictor:
                 images.append(loaded)
                 results.append({"file": str(path)})
         if images:
-            probs = iter(self.probabilities(torch.stack([torch.as_tensor(i) for i in images])))
+            answers = self.answers(torch.stack([torch.as_tensor(i) for i in images]))
+            row = 0
             for result in results:
                 if "error" not in result:
-                    row = next(probs)
-                    result.update(self.decision.answer(row.numpy(), self.spec.labels))
-                    result["topk"] = self.topk(row, topk)
+                    result.update(answers.row(row, self.spec.labels))
+                    result["topk"] = self.topk(answers.probabilities[row], topk)
+                    row += 1
         yield from results

@@ -31,7 +31,6 @@ import yaml
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text, plain_mode
 from inceptionlab.infer.batching import batch_buckets
-from inceptionlab.infer.calibrate import rule_parameters
 from inceptionlab.infer.opsets import runtime_note
 from inceptionlab.models.spec import ModelSpec
 
@@ -149,7 +148,8 @@ def config_text(name: str, inputs: list[Tensor], outputs: list[Tensor], options:
     if parameters:
         # The decision rule for clients (the graph answers raw logits): probabilities = softmax(logits /
         # temperature); "unknown" where the top probability is below reject_threshold. Read with the config.
-        lines += ["# Calibrated probabilities: softmax(logits / temperature); answer \"unknown\" below reject_threshold.",
+        lines += ["# Calibrated probabilities: softmax(logits / temperature) in float64; answer \"unknown\" where the",
+                  "# top one is below reject_threshold (a score equal to it is answered).",
                   "# tta: the views the rule was fitted on (their logits averaged); this graph runs one view per call."]
         lines += [f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}' for key, value in parameters]
         lines += [""]
@@ -239,7 +239,7 @@ def write_triton_repository(onnx_file: Path, spec: ModelSpec, root: Path, option
         shutil.copyfile(onnx_file, staging / "1" / "model.onnx")  # copyfile: a new file, the umask's mode
         (staging / "labels.txt").write_text("\n".join(spec.labels) + "\n")
         (staging / "config.pbtxt").write_text(config_text(name, inputs, outputs, options, "labels.txt",
-                                                          rule_parameters(spec, spec.tta), note))
+                                                          spec.rule.parameters(), note))
         _swap_into_place(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -379,8 +379,8 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
     async def list_models() -> dict:
         return {"models": [{"name": m.name, "input_kind": m.spec.input_kind, "arch": m.spec.arch,
                             "classes": m.spec.num_classes, "provider": m.provider, "backend": m.backend,
-                            "precision": m.precision, "temperature": m.spec.temperature,
-                            "reject_threshold": m.spec.reject_threshold, "tta": m.tta}
+                            "precision": m.precision, "temperature": m.rule.temperature,
+                            "reject_threshold": m.rule.threshold, "tta": m.tta, "rule": m.rule.to_dict()}
                            for m in state.models.values()]}
 
     @app.post("/v1/classify")
@@ -393,7 +393,7 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
             names, item, count, errors = await _classify_inputs(state, served, request)
             result = await state.submit(served.name, item, count, counted.request_id)
             counted.outcome = "success"
-            results = _classify_results(served, names, result["probabilities"], k, errors)
+            results = _classify_results(served, names, result, k, errors)
             return JSONResponse({"model": served.name, "results": results,
                                  "time_ms": round((time.perf_counter() - started) * 1e3, 2)})
 
@@ -462,17 +462,18 @@ def _texts_from(body: bytes, content_type: str) -> list[str]:
     return texts
 
 
-def _classify_results(served: ServedModel, names: list[str], probs: Any, k: int,
+def _classify_results(served: ServedModel, names: list[str], result: dict[str, Any], k: int,
                       errors: dict[str, str]) -> list[dict[str, Any]]:
+    """Per input, like `predict --json`: the rule's answer, score and unknown, and the top k; a text model's
+    also its top label and P(positive), like `predict --text --json`."""
     key = "file" if served.is_image else "text"
     results = []
-    for name, row in zip(names, probs):
-        result: dict[str, Any] = {key: name, **(served.answer(row) if served.is_image else {}),
-                                  "topk": served.topk(row, k)}
-        if not served.is_image:  # like `predict --text --json`: label and P(positive)
-            top = result["topk"][0]
-            result["label"] = top["label"]
-            result["probability"] = round(float(row[-1] if len(row) == 2 else row[top["index"]]), 6)
-        results.append(result)
+    for name, row, answer in zip(names, result["probabilities"], result["answers"]):
+        item: dict[str, Any] = {key: name, **answer, "topk": served.topk(row, k)}
+        if not served.is_image:
+            top = item["topk"][0]
+            item["label"] = top["label"]
+            item["probability"] = round(float(row[-1] if len(row) == 2 else row[top["index"]]), 6)
+        results.append(item)
     results += [{key: name, "error": message} for name, message in errors.items()]
     return results

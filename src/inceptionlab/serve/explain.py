@@ -2,11 +2,13 @@
 
     curl -s --data-binary @dog.jpg 'http://127.0.0.1:8000/v1/explain?model=NAME' -o dog.cam.png
 
-Off by default: an explanation runs the eager PyTorch model forward and backward (infer/explain.py),
+Off by default: an explanation runs the eager PyTorch model forward and backward (judge/explain.py),
 whatever runtime serves /infer, so it costs several inferences (benchmarks/explain.py measures how many)
 and is kept out of the batcher and the inference metrics. Explanations run one at a time per model in
-the preprocessing threads, so they never hold up the event loop or the batches; the answer's headers name
-the class explained (the model's top class unless `target=INDEX` is given) and its probability.
+the preprocessing threads, so they never hold up the event loop or the batches. The model answers by the
+served model's decision rule (its test-time augmentation, temperature and threshold, as /v1/classify): the
+headers name the class explained (the rule's class unless `target=INDEX` is given), its calibrated
+probability, and the rule's answer for the image (its label, or "unknown").
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.explain import Explainer, overlay
+from inceptionlab.judge.explain import Explainer, overlay
 from inceptionlab.serve.protocol import ProtocolError
 from inceptionlab.serve.service import ServeError, ServeState
 
@@ -39,17 +41,26 @@ class ExplainService:
     def __post_init__(self) -> None:
         self.locks = {name: threading.Lock() for name in self.explainers}
 
-    def explain(self, name: str, pixels: Any, target: int | None) -> tuple[bytes, int, float]:
-        """uint8 CHW image -> (overlay PNG bytes, class explained, its probability)."""
+    def explain(self, name: str, pixels: Any, target: int | None) -> Explained:
+        """uint8 CHW image -> its overlay for the rule's class (or `target`), with the rule's answer."""
         explainer = self.explainers[name]
         batch = torch.as_tensor(pixels)[None]
         with self.locks[name]:
-            probs = explainer.probabilities(batch)[0]
-            index = int(probs.argmax()) if target is None else target
+            answers = explainer.answers(batch)
+            index = int(answers.index[0]) if target is None else target
             cam = explainer.maps(batch, [index])[0]
         buffer = io.BytesIO()
         overlay(batch[0], cam).save(buffer, format="PNG")
-        return buffer.getvalue(), index, float(probs[index])
+        return Explained(buffer.getvalue(), index, float(answers.probabilities[0, index]),
+                         answers.row(0, explainer.spec.labels)["answer"])
+
+
+@dataclass(frozen=True)
+class Explained:
+    png: bytes  # the overlay
+    index: int  # the class explained
+    probability: float  # its calibrated probability under the rule
+    answer: str  # the rule's answer for the image: its label, or "unknown"
 
 
 def install_explain_route(app: FastAPI, state: ServeState, service: ExplainService | None) -> None:
@@ -67,7 +78,12 @@ def install_explain_route(app: FastAPI, state: ServeState, service: ExplainServi
             pixels = await state.in_thread(served.preprocess_image, data, "body")
         except (ProtocolError, UserError) as exc:
             raise ServeError("invalid", str(exc)) from None
-        png, index, prob = await state.in_thread(service.explain, served.name, pixels, target)
-        return Response(png, media_type="image/png", headers={
-            "X-Class-Index": str(index), "X-Class-Label": served.spec.labels[index].encode("ascii", "replace").decode(),
-            "X-Class-Probability": f"{prob:.6f}"})
+        done = await state.in_thread(service.explain, served.name, pixels, target)
+        return Response(done.png, media_type="image/png", headers={
+            "X-Class-Index": str(done.index), "X-Class-Label": _header(served.spec.labels[done.index]),
+            "X-Class-Probability": f"{done.probability:.6f}", "X-Answer": _header(done.answer)})
+
+
+def _header(text: str) -> str:
+    """A label as an HTTP header value (ASCII; other characters become '?')."""
+    return text.encode("ascii", "replace").decode()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -35,10 +35,8 @@ from inceptionlab import hardware
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.io.decode import decode_rgb, open_image
 from inceptionlab.data.text.vectorizer import TextVectorizer
-from inceptionlab.engine.task import make_task
 from inceptionlab.infer.batching import batch_buckets
 from inceptionlab.errors import UserError
-from inceptionlab.infer.calibrate import Decision
 from inceptionlab.infer.tta import run_with_tta
 from inceptionlab.infer.inputs import image_files
 from inceptionlab.infer.parity import torch_logits
@@ -58,6 +56,7 @@ from inceptionlab.infer.runtimes import (
 from inceptionlab.infer.source import load_source
 from inceptionlab.infer.speed import decide_inference
 from inceptionlab.models.registry import load_run_model
+from inceptionlab.models.rule import DecisionRule
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.serve.batcher import consecutive_batches
 from inceptionlab.serve.protocol import InputTensor, ProtocolError
@@ -74,9 +73,9 @@ IMAGE_INPUT = "images"
 ENCODED_INPUT = "image_bytes"
 TEXT_INPUT = "text"
 OUTPUTS = ("probabilities", "logits")
-# A model with a reject threshold (spec.reject_threshold) also answers `unknown`: BOOL [N, 1], true where
-# the calibrated top probability is below the threshold. `probabilities` are calibrated (softmax of
-# logits / spec.temperature); `logits` are the model's own (averaged over the TTA views, if any).
+# A model whose decision rule rejects (a reject threshold: models/rule.py) also answers `unknown`: BOOL
+# [N, 1], true where the rule answers "unknown". `probabilities` are the rule's calibrated ones (softmax of
+# logits / its temperature); `logits` are the model's own (averaged over the rule's TTA views, if any).
 UNKNOWN_OUTPUT = "unknown"
 # Uploads above this many pixels are refused before decoding: a 40 Mpx RGB image is 120 MB decoded,
 # 12x a 12 Mpx phone photo; JPEGs are drafted down anyway, PNG/TIFF "bombs" would be decoded in full.
@@ -149,17 +148,15 @@ class ServedModel:
     warmup_s: float = 0.0
     batching: str | None = None  # the serving plan and the evidence it was chosen on
     max_delay_ms: float = 2.0  # how long the batcher waits for a batch to fill
-    tta: str = "none"  # test-time augmentation around the engine (image models)
+    rule: DecisionRule | None = None  # the decision rule it answers by (its TTA runs around the engine); None: the spec's
     # The most items one request may hold: --max-batch when set, else AUTO_MAX_BATCH whatever the plan
     # chose, so what a client may send never depends on a timing (a larger request runs as consecutive
     # batches). None: max_batch.
     max_request: int | None = None
-    task: Any = field(init=False)
 
     def __post_init__(self) -> None:
         self.max_request = max(self.max_request or 0, self.max_batch)
-        self.task = make_task(self.spec.task, self.spec.num_classes)
-        self.decision = Decision.of(self.spec)
+        self.rule = self.rule or self.spec.rule
         if self.is_image:
             self.transform = self.spec.eval_transform()
             self.normalize = self.spec.normalizer()
@@ -175,21 +172,21 @@ class ServedModel:
         return [self.vectorizer.seq_len]
 
     @property
+    def tta(self) -> str:
+        """Test-time augmentation around the engine: the rule's."""
+        return self.rule.tta
+
+    @property
     def buckets(self) -> list[int]:
         return self.engines[0].buckets
 
     @property
     def outputs(self) -> tuple[str, ...]:
         """The outputs a request may ask for (all of them when it names none)."""
-        return OUTPUTS + ((UNKNOWN_OUTPUT,) if self.decision.threshold is not None else ())
-
-    def decision_line(self) -> str:
-        tta = f", test-time augmentation {self.tta}" if self.tta != "none" else ""
-        return self.decision.describe() + tta
+        return OUTPUTS + ((UNKNOWN_OUTPUT,) if self.rule.rejects else ())
 
     def describe(self) -> str:
-        rule = self.decision_line() if self.decision.threshold is not None or self.decision.temperature != 1.0 \
-            or self.tta != "none" else None
+        rule = self.rule.describe() if self.rule.fitted or self.tta != "none" else None
         extra = "".join(f"; {note}" for note in (self.agreement, self.batching, rule) if note)
         averaged = ", EMA weights" if self.spec.weights == "ema" else ""  # spec.json: which weights model.pt holds
         return (f"{self.name}: {self.spec.arch} ({self.spec.input_kind}, {self.spec.num_classes} classes{averaged}) from "
@@ -284,16 +281,19 @@ class ServedModel:
 
     # ------------------------------------------------------------------ inference (batcher threads)
 
-    def run(self, instance: int, items: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
-        """One batch of requests -> per request {"logits", "probabilities"} (+ "unknown" with a threshold)."""
+    def run(self, instance: int, items: Sequence[np.ndarray]) -> list[dict[str, Any]]:
+        """One batch of requests -> per request {"logits", "probabilities"} (+ "unknown" when the rule rejects),
+        the outputs a request may name, and "answers": the rule's answer per item, as /v1/classify gives it."""
         batch = np.concatenate([self._model_input(item) for item in items])
         logits = self._logits(self.engines[instance], batch)
-        probs = self.task.probabilities(self.decision.scale(torch.from_numpy(logits))).numpy()
-        unknown = self.decision.unknown_mask(probs.max(axis=1)).reshape(-1, 1)
+        answers = self.rule.decide(logits)
+        probs = answers.probabilities.astype(np.float32)
+        unknown = answers.unknown.reshape(-1, 1)
         out, start = [], 0
         for item in items:
             end = start + len(item)
-            answer = {"probabilities": probs[start:end], "logits": self._class_logits(logits[start:end])}
+            answer = {"probabilities": probs[start:end], "logits": self._class_logits(logits[start:end]),
+                      "answers": [answers.row(i, self.spec.labels) for i in range(start, end)]}
             if UNKNOWN_OUTPUT in self.outputs:
                 answer[UNKNOWN_OUTPUT] = unknown[start:end]
             out.append(answer)
@@ -315,10 +315,6 @@ class ServedModel:
 
     def _class_logits(self, logits: np.ndarray) -> np.ndarray:
         return logits.reshape(len(logits), -1).astype(np.float32, copy=False)
-
-    def answer(self, probs: np.ndarray) -> dict[str, Any]:
-        """Like `predict --json`: {"answer": label or "unknown", "score", "unknown"}."""
-        return self.decision.answer(probs, self.spec.labels)
 
     def topk(self, probs: np.ndarray, k: int) -> list[dict[str, Any]]:
         """Like `predict --json`: [{"label", "index", "prob"}], most probable first."""
@@ -370,11 +366,11 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     hardware.apply_gpu_settings(hardware.device_facts(settings.device), opener.precision)
     decision = decide_plan(opener, settings)
     buckets = batch_buckets(decision.plan.max_batch)
-    tta = served_tta(settings.tta, opener.spec, run_dir or model)
+    rule = served_rule(settings.tta, opener.spec, run_dir or model)
     engines = [opener.engine(buckets, decision.threads) for _ in range(decision.plan.instances)]
     served = ServedModel(name or opener.spec.arch, opener.spec, opener.label, opener.backend, opener.precision,
                          next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
-                         opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, tta=tta,
+                         opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, rule=rule,
                          max_request=settings.max_batch or hardware.AUTO_MAX_BATCH)
     started = time.perf_counter()
     warm_up(served)
@@ -384,12 +380,11 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     return served
 
 
-def served_tta(asked: str | None, spec: ModelSpec, what: Any) -> str:
-    """--tta as asked, else the spec's; image models only."""
-    tta = asked or spec.tta
-    if tta != "none" and spec.input_kind != "image":
-        raise UserError(f"{what}: --tta {tta} augments images; this model takes {spec.input_kind}")
-    return tta
+def served_rule(asked: str | None, spec: ModelSpec, what: Any) -> DecisionRule:
+    """The spec's decision rule under --tta as asked (a fitted rule refuses another mode); image models only."""
+    if asked not in (None, "none") and spec.input_kind != "image":
+        raise UserError(f"{what}: --tta {asked} augments images; this model takes {spec.input_kind}")
+    return spec.rule.under(asked, str(what))
 
 
 @dataclass

@@ -30,7 +30,6 @@ import numpy as np
 from inceptionlab import __version__
 from inceptionlab.errors import UserError, summary_of
 from inceptionlab.host import name_os_thread
-from inceptionlab.infer.calibrate import rule_parameters
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
 from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, ServedModel
@@ -349,7 +348,7 @@ class ServeState:
                 ("precision", model.precision), ("provider", model.provider),
                 ("accepted_inputs", model.accepted_inputs()),
                 ("labels", "\n".join(model.spec.labels)),  # one per line in index order, as labels.txt
-                *rule_parameters(model.spec, model.tta))},
+                *model.rule.parameters())},
         }
 
     def model_stats(self, name: str | None = None, version: str = "") -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Two evaluations of the same images side by side: is B better than A, or could the difference be chance?
 
-`inceptionlab compare A B` reads the per-image results `evaluate` wrote for each (infer/results.py) and
+`inceptionlab compare A B` reads the per-image results `evaluate` wrote for each (judge/results.py) and
 pairs the rows by image. Whether the accuracy differs is judged on the images where the two disagree,
 by McNemar's exact test: of the images exactly one of the models gets right, how many go each way. It is
 the test Dietterich (1998, "Approximate statistical tests for comparing supervised classification
@@ -21,7 +21,7 @@ from typing import Any
 
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import sha256_file
-from inceptionlab.infer.results import Results
+from inceptionlab.judge.results import Results
 
 ALPHA = 0.05  # the level at which a difference is called one
 Z95 = 1.959964  # the normal quantile of a two-sided 95% interval

@@ -4,8 +4,8 @@
 
 The page holds the top losses, the most-confused pairs, per-class precision and recall, a confusion
 matrix whose cells show their images when clicked, a gallery of the misclassified images, and the
-likely label errors (infer/label_errors.py), each image as a small embedded JPEG thumbnail; the
-misclassified images with the highest loss also get a Grad-CAM overlay (infer/explain.py) of the class
+likely label errors (judge/label_errors.py), each image as a small embedded JPEG thumbnail; the
+misclassified images with the highest loss also get a Grad-CAM overlay (judge/explain.py) of the class
 the model chose. Everything but the overlays comes from results.csv and logits.npy; the page needs no
 server and no network (open the file, or mail it).
 """
@@ -32,9 +32,9 @@ from inceptionlab.data.io.decode import ImageReadError, load_rgb
 from inceptionlab.data.readers import read_eval_split
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_text
-from inceptionlab.infer.explain import Explainer, overlay
-from inceptionlab.infer.label_errors import held_out, likely_label_errors
-from inceptionlab.infer.results import Results
+from inceptionlab.judge.explain import Explainer, overlay
+from inceptionlab.judge.label_errors import held_out, likely_label_errors
+from inceptionlab.judge.results import Results
 from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
 log = logging.getLogger(__name__)
@@ -306,7 +306,7 @@ def _add_cams(items: dict[int, dict[str, Any]], rows: list[dict[str, Any]], chos
 
 def render(data: dict[str, Any]) -> str:
     """The page: the template with the data inlined (every `<` escaped, so no file name can end the script)."""
-    template = resources.files("inceptionlab.infer").joinpath("report_page.html").read_text()
+    template = resources.files("inceptionlab.judge").joinpath("report_page.html").read_text()
     before, after = template.split("/*DATA*/null")
     title = html.escape(data["title"])
     payload = json.dumps(data, separators=(",", ":")).replace("<", "\\u003c")
@@ -330,8 +330,10 @@ def write_report(results: Results, out: Path, settings: ReportSettings, *, devic
     notes: list[str] = []
     images = SampleImages(results)
     if not held_out(results):
-        notes.append(f"these rows score the training split ({results.meta.get('split')}): the model has seen "
-                     "these images, so few label errors show; evaluate the validation split for a fair check")
+        split = results.meta.get("split")
+        what = "the training split" if split == results.meta.get("train_split") else f"split {split}"
+        notes.append(f"these rows score images the model trained on ({what}): it has seen them, so few label "
+                     "errors show and its figures flatter it; evaluate the validation split for a fair check")
     issues, why_not = label_issue_rows(results, settings.label_issues)
     # What the page leaves out goes into `notes`, which the page shows and the command prints: once each.
     if why_not:

@@ -1,10 +1,12 @@
-"""`evaluate`'s decision step: fit the rule on validation, report it, and save it with the model.
+"""`evaluate`'s decision step: fit the rule on the run's own validation split, report it, and save it with the model.
 
 On the validation split (the one a checkpoint is chosen by) `evaluate` fits the temperature on the
-logits it has just computed, chooses the reject threshold for the user's target, and writes both,
-with the test-time augmentation they were fitted under, into the run's spec.json: from then on
-`predict`, `export` and `serve` answer by that rule. On any other split it applies the saved rule and
-reports how it does there. Either way eval/calibration.json and eval/plots/reliability.png show the
+logits it has just computed, chooses the reject threshold for the user's target, and writes the rule
+(models/rule.py: with the test-time augmentation it was fitted under and what it was fitted on) into
+the run's spec.json: from then on `predict`, `export` and `serve` answer by it. On any other split,
+and on other data (even with a val/ of its own), it applies the saved rule, reports how it does there
+and changes nothing. What an evaluation may do with the rule is checked before any image is scored
+(`check_before_scoring`). Either way eval/calibration.json and eval/plots/reliability.png show the
 calibration before and after (a reliability diagram: accuracy against confidence per bin).
 """
 
@@ -22,11 +24,13 @@ from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.io.image_files import expand_image_paths
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json
-from inceptionlab.infer.calibrate import (
+from inceptionlab.infer.predict import Predictor
+from inceptionlab.infer.text import refresh_text_export
+from inceptionlab.judge.calibrate import (
     Calibration, RejectTarget, calibrate, calibration_error, nll, per_image_nll, top1,
 )
-from inceptionlab.infer.evaluate import Scores
-from inceptionlab.infer.predict import Predictor
+from inceptionlab.judge.evaluate import Scores
+from inceptionlab.models.rule import DecisionRule
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.models.tta import views_of
 
@@ -37,14 +41,16 @@ RELIABILITY_PNG = "reliability.png"
 @dataclass
 class RuleReport:
     calibration: Calibration
-    spec: ModelSpec  # the spec with the rule as fitted (or as saved, when nothing was fitted)
+    rule: DecisionRule  # as fitted here, or as saved (when nothing was fitted)
     tta_gain: dict[str, Any] | None = None
     outside: dict[str, Any] | None = None  # how images of none of the classes were answered
     saved_to: Path | None = None
     note: str | None = None
+    applied_from: Path | None = None  # the spec.json whose saved rule scored these images (nothing fitted)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"calibration": self.calibration.summary(), "tta": self.spec.tta}
+        out: dict[str, Any] = {"calibration": self.calibration.summary(), "tta": self.rule.tta,
+                               "rule": self.rule.to_dict()}
         if self.tta_gain is not None:
             out["tta_gain"] = self.tta_gain
         if self.outside is not None:
@@ -58,6 +64,8 @@ class RuleReport:
         how = "fitted on these images" if c.fitted else "as saved with the model"
         lines = [f"calibration on {c.samples} images: temperature {c.temperature:.4g} ({how}); "
                  f"ECE {c.before.ece:.4f} -> {c.after.ece:.4f}, NLL {c.nll_before:.4f} -> {c.nll_after:.4f}"]
+        if c.chance is not None and c.chance.worth_saying():
+            lines.append(c.chance.line(c.after.ece))
         if c.threshold is not None:
             lines.append(c.threshold.describe())
         if self.outside is not None:
@@ -73,30 +81,47 @@ class RuleReport:
             lines.append(self.note)
         if self.saved_to is not None:
             lines.append(f"decision rule saved to {self.saved_to} (predict, export and serve answer by it)")
+        elif self.applied_from is not None:
+            fitted = f", fitted on {self.rule.fitted_on.describe()}" if self.rule.fitted_on else ""
+            lines.append(f"scored under the rule saved in {self.applied_from} ({self.rule.describe()}{fitted}); "
+                         "only the run's own validation split fits a rule, so this changed nothing")
         return lines
 
 
-def decide(scores: Scores, spec: ModelSpec, *, fit: bool, target: RejectTarget | None = None,
-           drop_threshold: bool = False) -> tuple[Calibration, ModelSpec]:
-    """Fit (fit=True) or apply the spec's rule on these scores; returns the report and the spec with the rule.
+def check_before_scoring(rule: DecisionRule, *, fits: bool, why_not: str, reject: str | None, tta: str | None,
+                         unknown_images: Path | None, where: str) -> None:
+    """What an evaluation may do with the rule, refused before any image is scored (one took 6 minutes to
+    say --reject did not apply): --reject only where a rule is fitted, another --tta than a fitted rule's
+    only where it is fitted anew, and --unknown-images a folder that exists."""
+    if reject is not None and not fits:
+        raise UserError(f"--reject chooses a threshold on the run's own validation split; this evaluation fits "
+                        f"nothing ({why_not}): drop --reject, or score the validation split")
+    if not fits:
+        rule.under(tta, where)  # another mode than a fitted rule's means nothing here: refused with the fix
+    if unknown_images is not None and not Path(unknown_images).exists():
+        raise UserError(f"--unknown-images {unknown_images}: not found; give a folder of images of none of the classes")
+
+
+def decide(scores: Scores, rule: DecisionRule, *, fit: bool, target: RejectTarget | None = None,
+           drop_threshold: bool = False) -> tuple[Calibration, DecisionRule]:
+    """Fit (fit=True) or apply `rule` on these scores; returns the report and the rule as fitted (or as given).
 
     When fitting without a new target, a threshold saved earlier is chosen again for its own target on
     the new calibration (the target is what the user asked; the number follows the model).
     """
     if len(scores.targets) == 0:
         raise UserError("no images were scored: nothing to calibrate on")
-    if fit and target is None and spec.reject_target and not drop_threshold:
-        target = RejectTarget.parse(spec.reject_target)
-    threshold = None if drop_threshold else spec.reject_threshold
-    result = calibrate(scores.logits, scores.targets, fit=fit, temperature=spec.temperature, target=target,
-                       threshold=None if fit else threshold)
     if not fit:
-        return result, spec
+        return calibrate(scores.logits, scores.targets, fit=False, temperature=rule.temperature,
+                         threshold=None if drop_threshold else rule.threshold), rule
+    if target is None and rule.target and not drop_threshold:
+        target = RejectTarget.parse(rule.target)
+    result = calibrate(scores.logits, scores.targets, fit=True, target=target)
     chosen = result.threshold
-    rule = dataclasses.replace(spec, temperature=float(result.temperature), tta=scores.tta,
-                               reject_threshold=chosen.threshold if chosen else None,
-                               reject_target=chosen.target if chosen else None)
-    return result, rule
+    fitted = DecisionRule(tta=scores.tta, temperature=float(result.temperature),
+                          threshold=chosen.threshold if chosen else None, target=chosen.target if chosen else None,
+                          fitted_on=scores.fitted_on)
+    return result, fitted
 
 
 # TTA is adopted when its per-image NLL gain is this many standard errors above zero (paired, on the
@@ -112,7 +137,7 @@ def adopted(scores: Scores, gain: dict[str, Any] | None) -> tuple[Scores, str | 
         return scores, None
     if tta_helped(gain):
         return scores, None
-    plain = Scores(scores.plain_logits, scores.targets, "none", None, scores.validation)
+    plain = scores.without_tta()
     if gain["top1_gain"] < 0 or gain["nll_gain"] <= 0:
         why = f"it did not help here (top-1 {gain['top1_without']:.4f} -> {gain['top1_with']:.4f})"
     else:
@@ -149,8 +174,8 @@ def tta_gain(scores: Scores) -> dict[str, Any] | None:
 
 def outside_images(model: torch.nn.Module, spec: ModelSpec, folder: Path, device: torch.device,
                    batch_size: int) -> dict[str, Any]:
-    """How the rule answers images of none of the model's classes (noise, another data set's pictures):
-    the share answered "unknown" is the rejection rate a user can expect on such inputs."""
+    """How the rule (spec.rule) answers images of none of the model's classes (noise, another data set's
+    pictures): the share answered "unknown" is the rejection rate a user can expect on such inputs."""
     files, errors = expand_image_paths([folder])
     if errors:
         raise UserError(f"--unknown-images {errors[0][0]}: {errors[0][1]}")
@@ -162,13 +187,16 @@ def outside_images(model: torch.nn.Module, spec: ModelSpec, folder: Path, device
     scores = np.array([r["score"] for r in results])
     return {"folder": str(folder), "images": len(results), "unknown": int(unknown),
             "unknown_share": unknown / len(results), "median_score": float(np.median(scores)),
-            "threshold": spec.reject_threshold}
+            "threshold": spec.rule.threshold}
 
 
-def save_rule(run_dir: Path, spec: ModelSpec) -> Path:
-    """The rule into the run's spec.json (atomically: a reader sees the old spec or the new one)."""
+def save_rule(run_dir: Path, spec: ModelSpec, rule: DecisionRule) -> Path:
+    """The rule into the run's spec.json (atomically: a reader sees the old spec or the new one), and into
+    a text run's export (its meta.json), which answers by it without this package."""
     path = RunDir.open(run_dir).spec_file
-    spec.save(path)
+    ruled = dataclasses.replace(spec, rule=rule)
+    ruled.save(path)
+    refresh_text_export(run_dir, ruled)
     return path
 
 

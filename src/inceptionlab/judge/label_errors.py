@@ -1,7 +1,7 @@
 """Likely label errors: images whose given class the model's held-out probabilities contradict.
 
 Ranked by confident learning (Northcutt et al. 2021) with cleanlab's `find_label_issues`, from the
-per-image results table (infer/results.py): no model is run. The probabilities must be held out (the
+per-image results table (judge/results.py): no model is run. The probabilities must be held out (the
 validation split of a run, whose images the model never trained on); on the training split the model
 has memorised the labels, wrong ones included, and few errors are found.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from inceptionlab.errors import UserError
-from inceptionlab.infer.results import Results
+from inceptionlab.judge.results import Results
 
 
 def _cleanlab_filter() -> Any:
@@ -43,8 +43,11 @@ class LabelIssue:
 
 
 def held_out(results: Results) -> bool:
-    """False when the table scores the split the model was trained on."""
-    return results.meta.get("split") != results.meta.get("train_split")
+    """False when the table holds images the model trained on: its training split, all of a run's own data
+    (`--split all`), or other data holding some of its training files (`evaluate` records which). Tables
+    written before it recorded that: held out unless they score the training split."""
+    recorded = results.meta.get("held_out")
+    return bool(recorded) if recorded is not None else results.meta.get("split") != results.meta.get("train_split")
 
 
 def likely_label_errors(results: Results, temperature: float = 1.0) -> list[LabelIssue]:

@@ -3,36 +3,47 @@
 For a pretrained ImageNet model, class folders may be named by WordNet id (n01443537, as in
 tiny-imagenet and ImageNet itself) or by the model's own label; their images are scored against the
 model's 1000 outputs, and per-class accuracy is reported for the classes present.
+
+A run's evaluation is planned before any image is scored (`plan_run`: the weights, the data and split,
+whether it is the run's own validation split, the only one a decision rule is fitted on), so that what
+cannot apply is refused first; `score_run` then scores it. The results table records whether its rows
+are held out (`held_out`: false when they hold images the model trained on).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from inceptionlab import hardware
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import load_recipe
-from inceptionlab.data.datasets.file_list import SPLITS_FILE, recorded_files_found, recorded_split
+from inceptionlab.data.datasets.file_list import SPLITS_FILE, read_splits_file, recorded_files_found, recorded_split
 from inceptionlab.data.datasets.imagefolder import RobustImageFolder
 from inceptionlab.data.loading.loaders import make_loader
-from inceptionlab.data.readers import WHOLE_FOLDER, read_eval_split
+from inceptionlab.data.io.image_files import images_under
+from inceptionlab.data.readers import READERS, WHOLE_FOLDER, read_eval_split
 from inceptionlab.engine.loop import StepSettings, evaluate
 from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json, sha256_file
-from inceptionlab.infer.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
+from inceptionlab.judge.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
 from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
 from inceptionlab.models.registry import RANDOM_WEIGHTS, load_pretrained_model, load_run_model
+from inceptionlab.models.rule import FittedOn
 from inceptionlab.models.spec import ModelSpec
 
 
@@ -75,7 +86,7 @@ def map_folders_to_model(folders: list[str], spec: ModelSpec, root: Path) -> lis
 
 @dataclass
 class PerImage:
-    """What the per-image results table (infer/results.py) is written from."""
+    """What the per-image results table (judge/results.py) is written from."""
 
     logits: Any  # float32 (N, C) numpy array, binary tasks as [0, z]
     targets: Any  # int64 (N,) numpy array
@@ -101,14 +112,20 @@ class Scores:
     targets: Any  # int64 (N,)
     tta: str = "none"
     plain_logits: Any = None  # float32 (N, C) without TTA; None when tta is none
-    validation: bool = True  # scored on the split a checkpoint is chosen by: the one to fit a rule on
+    validation: bool = True  # the run's own validation split (a checkpoint is chosen by it): the one to fit a rule on
+    fitted_on: FittedOn | None = None  # what a rule fitted on these scores is fitted on
 
     @classmethod
     def collect(cls, rows: PerImage, runner: torch.nn.Module, tta: str, validation: bool) -> "Scores":
         plain = None
         if isinstance(runner, TestTimeAugmented) and runner.plain:
             plain = as_two_class(torch.cat(runner.plain)).cpu().numpy().astype("float32")
-        return cls(rows.logits, rows.targets, tta, plain, validation)
+        fitted_on = FittedOn(str(rows.meta["split"]), int(len(rows.targets)), rows.meta.get("data"))
+        return cls(rows.logits, rows.targets, tta, plain, validation, fitted_on)
+
+    def without_tta(self) -> "Scores":
+        """The same pass's view 0 (the image itself), as if scored without test-time augmentation."""
+        return Scores(self.plain_logits, self.targets, "none", None, self.validation, self.fitted_on)
 
 
 @dataclass
@@ -130,6 +147,17 @@ class Evaluation:
         present = set(self.present)
         return [label for i, label in enumerate(self.spec.labels) if i not in present]
 
+    def without_tta(self) -> "Evaluation":
+        """The evaluation as the plain model answered in the same pass (view 0): its figures, table rows and
+        logits, for a rule that did not adopt the views (the files then describe the rule saved)."""
+        assert self.scores is not None and self.scores.plain_logits is not None and self.per_image is not None
+        plain = self.scores.without_tta()
+        figures = figures_of(plain.logits, plain.targets, self.spec)
+        result = {**self.result, **figures}
+        rows = dataclasses.replace(self.per_image, logits=plain.logits,
+                                   meta={**self.per_image.meta, "tta": "none", "tta_measured": self.scores.tta})
+        return dataclasses.replace(self, result=result, per_image=rows, scores=plain)
+
     def report(self) -> dict[str, Any]:
         per_class = self.result["per_class"]
         return {
@@ -147,41 +175,108 @@ class Evaluation:
         }
 
 
+def figures_of(logits: np.ndarray, targets: np.ndarray, spec: ModelSpec) -> dict[str, Any]:
+    """Loss, top-1, top-5, per-class accuracy and the confusion matrix of these logits (the [0, z] form of a
+    binary model's), as the evaluation loop's meter computes them."""
+    task = make_task(spec.task, spec.num_classes)
+    scores, labels = torch.from_numpy(np.asarray(logits, np.float32)), torch.from_numpy(np.asarray(targets, np.int64))
+    if spec.task == "binary":
+        scores = scores[:, 1] - scores[:, 0]  # [0, z] back to z
+    meter = task.meter("cpu", confusion=True)
+    meter.update(scores, labels, task.eval_loss(scores, labels))
+    return meter.compute()
+
+
 def run_evaluation(model: nn.Module, spec: ModelSpec, dataset: torch.utils.data.Dataset, *, device: torch.device,
                    batch_size: int, num_workers: int | None, precision: str = "fp32",
-                   recorder: LogitsRecorder | None = None) -> dict[str, Any]:
+                   recorder: LogitsRecorder | None = None, progress: bool | None = False) -> dict[str, Any]:
+    """The evaluation loop over `dataset`; `progress` (None: on a terminal) shows a bar of batches on stderr."""
     model = model.to(device).eval()
     loader = make_loader(dataset, batch_size=batch_size, train=False, seed=0, num_workers=num_workers,
                          pin_memory=device.type == "cuda", device=device)
     settings = StepSettings(device, precision, input_preparation(spec, False, device))
     task = make_task(spec.task, spec.num_classes)
+    shown = sys.stderr.isatty() if progress is None else progress
+    batches = tqdm(loader, total=len(loader), desc="scoring", unit="batch", leave=False, dynamic_ncols=True) \
+        if shown else loader
     with hardware.gpu_settings(hardware.device_facts(device), precision):  # as training's validation ran
-        result = evaluate(model, loader, task, settings, on_batch=recorder)
+        result = evaluate(model, batches, task, settings, on_batch=recorder)
     result["skipped"] = loader.skipped
     return result
 
 
 def _tta_runner(model: nn.Module, spec: ModelSpec, tta: str | None) -> tuple[nn.Module, str]:
-    """The model with test-time augmentation (`tta`, else the spec's), recording its plain logits too."""
-    mode = tta or spec.tta
+    """The model with test-time augmentation (`tta`, else the rule's), recording its plain logits too."""
+    mode = tta or spec.rule.tta
     if mode != "none" and spec.input_kind != "image":
         raise UserError(f"--tta {mode}: test-time augmentation transforms images; this model takes {spec.input_kind}")
     return with_tta(model, mode, record_plain=mode != "none"), mode
 
 
-def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device: torch.device, batch_size: int,
-                 num_workers: int | None, weights: Path | None = None, tta: str | None = None) -> Evaluation:
+@dataclass
+class RunPlan:
+    """What `evaluate RUN` will score, decided before any image is: the weights, the data and split, and
+    whether that split is the run's own validation split (the only one that fits a rule)."""
+
+    run_dir: Path
+    weights: Path  # the file to score
+    weights_given: bool  # --weights: not the run's model.pt
+    spec: ModelSpec
+    recipe: Any
+    split: str | None  # as asked (None: the recipe's validation split), or other data's own
+    other_data: bool  # --data of other images than the run's
+
+    @property
+    def split_name(self) -> str:
+        return self.split or self.recipe.data.val_split
+
+    @property
+    def validation(self) -> bool:
+        """The run's own validation split: its images never trained the model, and a checkpoint was chosen by it."""
+        return not self.other_data and self.split_name == self.recipe.data.val_split
+
+    @property
+    def with_training_images(self) -> bool:
+        """A split of the run's own data that holds images it trained on (its training split, or all of it)."""
+        return not self.other_data and self.split_name in (self.recipe.data.train_split, WHOLE_FOLDER)
+
+    def why_not_validation(self) -> str:
+        if self.other_data:
+            return "other data than the run's"
+        return f"--split {self.split_name}, not the run's validation split {self.recipe.data.val_split}"
+
+
+def plan_run(run_dir: Path, data: Path | None, split: str | None, weights: Path | None = None) -> RunPlan:
+    """The run's weights, spec and recipe, and the data and split to score, read without scoring anything."""
     run = RunDir.open(run_dir)
-    used = weights or run.weights_for_inference()
-    model, spec = load_run_model(run_dir, used)
+    spec = ModelSpec.load(run.spec_file)
     overrides, other_data = _data_to_score(Path(run_dir), data, split)
+    resolved = Path(run_dir) / "recipe.resolved.yaml"
+    if other_data and READERS.get(load_recipe(resolved).data.reader, READERS["imagefolder"]).makes_its_data:
+        overrides.append("data.reader=imagefolder")  # the user's own photos: read them, generate nothing there
     if spec.tokenizer:  # score with the vocabulary the model was trained with
         overrides.append(f"data.text.tokenizer={Path(run_dir) / spec.tokenizer}")
-    recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", overrides)
+    recipe = load_recipe(resolved, overrides)
     if other_data:
         split = _whole_unless_split(recipe.data, split)
+    return RunPlan(Path(run_dir), weights or run.weights_for_inference(), weights is not None, spec, recipe, split,
+                   other_data)
+
+
+def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device: torch.device, batch_size: int,
+                 num_workers: int | None, weights: Path | None = None, tta: str | None = None,
+                 progress: bool | None = False) -> Evaluation:
+    return score_run(plan_run(run_dir, data, split, weights), device=device, batch_size=batch_size,
+                     num_workers=num_workers, tta=tta, progress=progress)
+
+
+def score_run(plan: RunPlan, *, device: torch.device, batch_size: int, num_workers: int | None,
+              tta: str | None = None, progress: bool | None = False) -> Evaluation:
+    """Score the planned split with the run's model (under `tta`, else its rule's)."""
+    run, used, recipe = RunDir.open(plan.run_dir), plan.weights, plan.recipe
+    model, spec = load_run_model(plan.run_dir, used)
     transform = spec.eval_transform() if spec.input_kind == "image" else None
-    dataset = read_eval_split(recipe.data, transform, split)
+    dataset = read_eval_split(recipe.data, transform, plan.split)
     folders = getattr(dataset, "classes", None) or dataset.class_names
     if folders != spec.class_names:
         mapping = map_folders_to_model(folders, spec, Path(getattr(dataset, "root", recipe.data.root or "")))
@@ -189,18 +284,41 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
     runner, mode = _tta_runner(model, spec, tta)
     recorder = LogitsRecorder()
     result = run_evaluation(runner, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
-                            recorder=recorder)
+                            recorder=recorder, progress=progress)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
     # The file scored and its checksum: `compare` tells a table that no longer matches its run's weights.
     meta = {"weights_file": str(Path(used).absolute()), "weights_sha256": sha256_file(used),
-            "task": spec.task, "model": str(run_dir), "run_dir": str(Path(run_dir).absolute()), "recipe": recipe.name,
-            "weights": str(weights) if weights else None, "data": str(getattr(dataset, "root", recipe.data.root or "")),
-            "split": split or getattr(recipe.data, "val_split", "val"), "train_split": getattr(recipe.data, "train_split", "train"),
-            "tta": mode}
+            "task": spec.task, "model": str(plan.run_dir), "run_dir": str(Path(plan.run_dir).absolute()),
+            "recipe": recipe.name, "weights": str(used) if plan.weights_given else None,
+            "data": str(getattr(dataset, "root", recipe.data.root or "")), "split": plan.split_name,
+            "train_split": getattr(recipe.data, "train_split", "train"), "tta": mode}
     rows = PerImage.collect(recorder, dataset, result["skipped"], meta)
-    validation = split is None or split == recipe.data.val_split
-    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, validation), str(used),
-                      _what_it_holds(run, used, spec, given=weights is not None))
+    rows.meta["held_out"] = not plan.with_training_images and not _any_trained_on(plan, rows.files)
+    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, plan.validation), str(used),
+                      _what_it_holds(run, used, spec, given=plan.weights_given))
+
+
+def _any_trained_on(plan: RunPlan, files: list[str]) -> bool:
+    """Whether other data's files include any the run trained on (its recorded training split's, or those
+    under its train/ folder): such a table is not held out. In-memory splits have no files to tell by."""
+    if not plan.other_data or not any(files):
+        return False
+    trained = _training_files(plan.run_dir)
+    return bool(trained) and any(Path(f).resolve() in trained for f in files if f)
+
+
+def _training_files(run_dir: Path) -> set[Path]:
+    """The files the run trained on, resolved, as its own data lies: its splits.csv's training rows, or the
+    files of its train/ class folders; empty where the data has no files (CIFAR-10 and the other arrays)."""
+    recipe = load_recipe(Path(run_dir) / "recipe.resolved.yaml", recorded_split(run_dir))
+    data = recipe.data
+    if data.split_file:
+        return {row.file.resolve() for row in read_splits_file(Path(data.split_file), Path(data.root))
+                if row.split == data.train_split}
+    folder = Path(data.root or "").expanduser() / data.train_split
+    if data.reader not in READERS or not folder.is_dir():
+        return set()
+    return {path.resolve() for path in images_under(folder)}
 
 
 def _data_to_score(run_dir: Path, data: Path | None, split: str | None) -> tuple[list[str], bool]:
@@ -211,6 +329,7 @@ def _data_to_score(run_dir: Path, data: Path | None, split: str | None) -> tuple
     run's own data moved there keeps its recorded split; any other folder is read as it is: its split
     folder if it has one, else all of its class folders (a folder of new photos is a test set: splitting
     it as training does would score a fifth of it, and the run's splits.csv names files it does not hold).
+    A rule is never fitted on other data: it is scored under the run's saved rule.
     """
     recorded = recorded_split(run_dir)
     if data is None:
@@ -264,7 +383,7 @@ def _best_elsewhere(run: RunDir) -> str:
 
 
 def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.device, batch_size: int,
-                        num_workers: int | None, tta: str | None = None) -> Evaluation:
+                        num_workers: int | None, tta: str | None = None, progress: bool | None = False) -> Evaluation:
     model, spec = load_pretrained_model(name, weights)
     root = data / "val" if (data / "val").is_dir() else data
     dataset = RobustImageFolder(root, transform=spec.eval_transform(), max_side=spec.resize_size)
@@ -273,9 +392,10 @@ def evaluate_pretrained(name: str, weights: str, data: Path, *, device: torch.de
     recorder = LogitsRecorder()
     mapped = TargetMap(dataset, mapping)
     result = run_evaluation(runner, spec, mapped, device=device, batch_size=batch_size, num_workers=num_workers,
-                            recorder=recorder)
+                            recorder=recorder, progress=progress)
+    # held_out: a pretrained model's training images are not known here; its folder counts as held out.
     meta = {"task": spec.task, "model": name, "run_dir": None, "recipe": None, "weights": weights, "data": str(Path(root).absolute()),
-            "split": root.name, "train_split": None, "tta": mode}
+            "split": root.name, "train_split": None, "tta": mode, "held_out": True}
     rows = PerImage.collect(recorder, mapped, result["skipped"], meta)
     return Evaluation(spec, result, sorted(set(mapping)), rows, Scores.collect(rows, runner, mode, True), weights,
                       f"{name}'s {weights} weights" if weights in ("imagenet", RANDOM_WEIGHTS) else "--weights",
@@ -300,7 +420,7 @@ def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
 
 
 def save_per_image(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
-    """results.csv, logits.npy and results.json: one row per scored image (infer/results.py)."""
+    """results.csv, logits.npy and results.json: one row per scored image (judge/results.py)."""
     rows = evaluation.per_image
     assert rows is not None
     return write_results(out_dir, rows.logits, rows.targets, files=rows.files, samples=rows.samples,

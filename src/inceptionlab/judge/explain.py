@@ -12,7 +12,7 @@ ttach into every environment that explains. tests/test_explain.py checks its map
 computed by hand on a small network.
 
 This is the one piece after evaluation that runs the model again: it needs gradients, which the
-per-image results table (infer/results.py) cannot hold.
+per-image results table (judge/results.py) cannot hold.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from inceptionlab.data.io.decode import load_rgb
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write
-from inceptionlab.infer.results import as_two_class
+from inceptionlab.infer.tta import with_tta
+from inceptionlab.judge.results import as_two_class
 from inceptionlab.models.registry import cam_layer
+from inceptionlab.models.rule import Answers, DecisionRule
 from inceptionlab.models.spec import ModelSpec
 
 # How much of the overlay is the heat map: 0.45 keeps the photo readable under the colours.
@@ -58,12 +60,15 @@ class Explainer:
     spec: ModelSpec
     device: torch.device
     layer: str | None = None
+    rule: DecisionRule | None = None  # what the model answers by (a server's, with its TTA); None: the spec's
     _gradcam: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.spec.input_kind != "image":
             raise UserError(f"{self.spec.arch}: no Grad-CAM: it classifies {self.spec.input_kind}, not images")
         self.model = self.model.to(self.device).eval()
+        self.rule = self.rule or self.spec.rule
+        self.runner = with_tta(self.model, self.rule.tta)
         self.layer = self.layer or cam_layer(self.spec.arch, self.model, self.spec.input_shape)
         self.normalize = self.spec.normalizer().to(self.device)
         self.transform = self.spec.eval_transform()
@@ -74,9 +79,10 @@ class Explainer:
         return as_two_class(main_logits(self.model(pixels)))
 
     @torch.inference_mode()
-    def probabilities(self, batch: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW batch -> class probabilities (N, C) on the CPU, by the same forward pass Grad-CAM explains."""
-        return self._forward(self.normalize(batch.to(self.device))).softmax(dim=1).cpu()
+    def answers(self, batch: torch.Tensor) -> Answers:
+        """The decision rule's answers for a uint8 NCHW batch (its views averaged, its temperature and threshold:
+        what predict and /v1/classify answer); Grad-CAM then explains one class of the plain image."""
+        return self.rule.decide(main_logits(self.runner(self.normalize(batch.to(self.device)))).float().cpu())
 
     def raw_maps(self, batch: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
         """Grad-CAM at the layer's resolution, (N, h, w), ReLU applied, unscaled."""
