@@ -11,6 +11,10 @@ The path is exact or not taken: on a probe input, the head applied to the captur
 the model's own logits (it does not for a model whose output layer feeds more layers: SqueezeNet's
 ReLU and pooling), else the run says so and trains the head through the frozen body.
 
+This module holds the whole wiring: the exactness check, the extraction through the session's eval
+view of each split, the cache, and the loaders that serve the vectors; `engine/finetune.py` only
+decides which epochs use it.
+
 Features are cached beside the decoded image cache (`<data>/.inceptionlab-cache/features/`, or the
 user cache when the data folder is read-only; in-memory datasets: `$INCEPTIONLAB_CACHE/features/`),
 keyed by everything they depend on: the architecture and its builder arguments, the body's weights
@@ -20,24 +24,33 @@ or array bytes, the precision and memory format.
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
+from torch.utils.data import Subset
+from tqdm import tqdm
 
 from inceptionlab import hardware
 from inceptionlab.data.loading.decoded_cache import cache_paths
 from inceptionlab.data.loading.image_options import image_folder_of
+from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.splits import ArraySplit
+from inceptionlab.engine.distributed import barrier
 from inceptionlab.engine.task import main_logits
 from inceptionlab.fileio import atomic_torch_save
 from inceptionlab.runtime import autocast
+
+if TYPE_CHECKING:
+    from inceptionlab.engine.session import TrainingSession
 
 FEATURES_VERSION = 1
 
@@ -158,3 +171,97 @@ def timed(function: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     result = function()
     return result, time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- a session's features
+
+
+def probe_input(s: TrainingSession) -> torch.Tensor:
+    """Two inputs of the model's shape from a private generator (the run's RNG stream is untouched)."""
+    generator = torch.Generator().manual_seed(0)
+    if s.spec.input_kind == "tokens":
+        return torch.randint(0, 2, (2, *s.spec.input_shape), generator=generator).to(s.device)
+    return torch.randn(2, *s.spec.input_shape, generator=generator).to(s.device)
+
+
+def feature_loaders(s: TrainingSession, features: Features) -> tuple[Any, Any]:
+    common = dict(seed=s.recipe.train.seed, num_workers=0, rank=s.dist.rank, world_size=s.dist.world_size,
+                  device=s.device, mode="resident")
+    train = make_loader(features.train, batch_size=s.recipe.train.batch_size, train=True, weights=s.sample_weights,
+                        **common)
+    val = make_loader(features.val, batch_size=s.recipe.train.eval_batch_size or 2 * s.recipe.train.batch_size,
+                      train=False, **common)
+    return train, val
+
+
+def compute_features(s: TrainingSession, head_name: str) -> Features:
+    """Both splits' features: from the cache, or computed (rank 0 computes, the others then read)."""
+    head = s.model.get_submodule(head_name)
+    key_parts = {"arch": s.spec.arch, "arch_kwargs": s.spec.arch_kwargs, "head": head_name,
+                 "body": body_digest(s.model, head_name),
+                 "preprocessing": [s.spec.resize_size, s.spec.crop_size, s.spec.interpolation, s.spec.mean,
+                                   s.spec.std, s.spec.channels, s.recipe.data.cache_size, s.recipe.data.loader],
+                 "precision": s.recipe.train.precision, "channels_last": bool(s.recipe.train.channels_last)}
+    start_rng = torch.random.get_rng_state()
+    splits, seconds, images, loaded, where = {}, 0.0, 0, True, None
+    for name, dataset in (("train", s.train_set), ("val", s.val_set)):
+        key = feature_key({**key_parts, "split": name}, dataset)
+        folder = cache_folder(dataset)
+        where = folder
+        compute = _extractor(s, head, dataset)
+        if not s.dist.is_main:
+            barrier(s.dist)  # rank 0 writes the cache first
+        (split, was_cached, count), took = timed(
+            functools.partial(load_or_extract, key, folder, compute, list(s.spec.class_names)))
+        if s.dist.is_main:
+            barrier(s.dist)
+        splits[name] = split
+        seconds, images, loaded = seconds + took, images + count, loaded and was_cached
+    torch.random.set_rng_state(start_rng)  # the eval loaders draw nothing, but keep the run's stream exact
+    return Features(splits["train"], splits["val"], seconds, images, where, loaded)
+
+
+def _extractor(s: TrainingSession, head: nn.Module, dataset: Any) -> Callable[[], Any]:
+    def compute() -> tuple[torch.Tensor, torch.Tensor]:
+        loader = make_loader(_eval_view(dataset, s), batch_size=s.recipe.train.eval_batch_size or
+                             2 * s.recipe.train.batch_size, train=False, seed=s.recipe.train.seed,
+                             num_workers=s.recipe.data.num_workers, device=s.device, mode=s.recipe.data.loader,
+                             images=s.image_options)
+        prepare = s.settings.prepare
+        return extract(s.model, head, _progress(loader, s), prepare, s.device, s.recipe.train.precision)
+
+    return compute
+
+
+def _progress(loader: Any, s: TrainingSession) -> Any:
+    """Batches with a progress bar on rank 0 when a terminal shows it."""
+    # disable=None: no bar where stderr is not a terminal (logs, tests), as the run's own bars.
+    return tqdm(loader, total=len(loader), desc="features", disable=None if s.dist.is_main else True, leave=False,
+                unit="batch")
+
+
+def _eval_view(dataset: Any, s: TrainingSession) -> Any:
+    """The split with the eval transform (the worker path applies a dataset's own transform)."""
+    if isinstance(dataset, Subset):
+        inner = copy.copy(dataset.dataset)
+        inner.transform = s.val_set_transform
+        return Subset(inner, dataset.indices)
+    if hasattr(dataset, "transform"):
+        view = copy.copy(dataset)
+        view.transform = s.val_set_transform
+        return view
+    return dataset
+
+
+def describe_cost(features: Features, freeze_epochs: int, epochs: int) -> str:
+    head_epochs = min(freeze_epochs, epochs)
+    total = len(features.train) + len(features.val)
+    if features.loaded:
+        return (f"features: {len(features.train):,} train + {len(features.val):,} val vectors of "
+                f"{features.train.inputs.shape[1]} read from {features.cached} in {features.seconds:.1f} s; "
+                f"head-only epochs ({head_epochs}) push no image through the body")
+    rate = features.images / max(features.seconds, 1e-9)
+    saved = (head_epochs - 1) * total / max(rate, 1e-9)
+    return (f"features: {features.images:,} images through the frozen body once in {features.seconds:.1f} s "
+            f"({rate:.0f} img/s), cached in {features.cached}; head-only epochs ({head_epochs}) train on them: "
+            f"about {saved:.0f} s of forward passes saved against images through the body every epoch")

@@ -22,8 +22,6 @@ gradient, so the optimizer leaves it, its weight decay and its state untouched u
 
 from __future__ import annotations
 
-import copy
-import functools
 import gc
 import logging
 from dataclasses import dataclass, replace
@@ -31,12 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
-from torch.utils.data import Subset
-from tqdm import tqdm
 
-from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.engine import features as feature_cache
-from inceptionlab.engine.distributed import barrier
 from inceptionlab.engine.loop import StepSettings
 
 if TYPE_CHECKING:
@@ -135,20 +129,20 @@ class Stages:
         s = self.s
         head_name = s.parts.head_modules[0]
         if self.features is None:
-            if not feature_cache.head_is_exact(s.model, s.model.get_submodule(head_name), _probe_input(s)):
+            if not feature_cache.head_is_exact(s.model, s.model.get_submodule(head_name), feature_cache.probe_input(s)):
                 self._exact = False  # the same answer on every rank: the probe is the same everywhere
                 self.say(f"features: not used ({head_name} of {s.recipe.model.name} does not make the model's "
                          "output from what enters it): the head trains through the frozen body")
                 return None
             self._exact = True
-            self.features = compute_features(s, head_name)
-            self.say(describe_cost(self.features, s.recipe.finetune.freeze_epochs, s.recipe.train.epochs))
+            self.features = feature_cache.compute_features(s, head_name)
+            self.say(feature_cache.describe_cost(self.features, s.recipe.finetune.freeze_epochs, s.recipe.train.epochs))
         self._release()
         self._set_trainable("head")
         head = s.model.get_submodule(head_name)
         runner = head if not s.dist.enabled else nn.parallel.DistributedDataParallel(
             head, device_ids=[s.device.index] if s.device.type == "cuda" else None)
-        train_loader, val_loader = feature_loaders(s, self.features)
+        train_loader, val_loader = feature_cache.feature_loaders(s, self.features)
         # Features are vectors, not images: no MixUp/CutMix on them (the head-only epochs on cached features
         # train without mixing, as they train without per-image augmentation).
         settings = replace(s.settings, prepare=_identity, micro_batch=None, mix=None)
@@ -160,92 +154,3 @@ def _whole(model: nn.Module) -> nn.Module:
     return model
 
 
-def _probe_input(s: TrainingSession) -> torch.Tensor:
-    """Two inputs of the model's shape from a private generator (the run's RNG stream is untouched)."""
-    generator = torch.Generator().manual_seed(0)
-    if s.spec.input_kind == "tokens":
-        return torch.randint(0, 2, (2, *s.spec.input_shape), generator=generator).to(s.device)
-    return torch.randn(2, *s.spec.input_shape, generator=generator).to(s.device)
-
-
-def feature_loaders(s: TrainingSession, features: feature_cache.Features) -> tuple[Any, Any]:
-    common = dict(seed=s.recipe.train.seed, num_workers=0, rank=s.dist.rank, world_size=s.dist.world_size,
-                  device=s.device, mode="resident")
-    train = make_loader(features.train, batch_size=s.recipe.train.batch_size, train=True, weights=s.sample_weights,
-                        **common)
-    val = make_loader(features.val, batch_size=s.recipe.train.eval_batch_size or 2 * s.recipe.train.batch_size,
-                      train=False, **common)
-    return train, val
-
-
-def compute_features(s: TrainingSession, head_name: str) -> feature_cache.Features:
-    """Both splits' features: from the cache, or computed (rank 0 computes, the others then read)."""
-    head = s.model.get_submodule(head_name)
-    key_parts = {"arch": s.spec.arch, "arch_kwargs": s.spec.arch_kwargs, "head": head_name,
-                 "body": feature_cache.body_digest(s.model, head_name),
-                 "preprocessing": [s.spec.resize_size, s.spec.crop_size, s.spec.interpolation, s.spec.mean,
-                                   s.spec.std, s.spec.channels, s.recipe.data.cache_size, s.recipe.data.loader],
-                 "precision": s.recipe.train.precision, "channels_last": bool(s.recipe.train.channels_last)}
-    start_rng = torch.random.get_rng_state()
-    splits, seconds, images, loaded, where = {}, 0.0, 0, True, None
-    for name, dataset in (("train", s.train_set), ("val", s.val_set)):
-        key = feature_cache.feature_key({**key_parts, "split": name}, dataset)
-        folder = feature_cache.cache_folder(dataset)
-        where = folder
-        compute = _extractor(s, head, dataset)
-        if not s.dist.is_main:
-            barrier(s.dist)  # rank 0 writes the cache first
-        (split, was_cached, count), took = feature_cache.timed(
-            functools.partial(feature_cache.load_or_extract, key, folder, compute, list(s.spec.class_names)))
-        if s.dist.is_main:
-            barrier(s.dist)
-        splits[name] = split
-        seconds, images, loaded = seconds + took, images + count, loaded and was_cached
-    torch.random.set_rng_state(start_rng)  # the eval loaders draw nothing, but keep the run's stream exact
-    return feature_cache.Features(splits["train"], splits["val"], seconds, images, where, loaded)
-
-
-def _extractor(s: TrainingSession, head: nn.Module, dataset: Any) -> Callable[[], Any]:
-    def compute() -> tuple[torch.Tensor, torch.Tensor]:
-        loader = make_loader(_eval_view(dataset, s), batch_size=s.recipe.train.eval_batch_size or
-                             2 * s.recipe.train.batch_size, train=False, seed=s.recipe.train.seed,
-                             num_workers=s.recipe.data.num_workers, device=s.device, mode=s.recipe.data.loader,
-                             images=s.image_options)
-        prepare = s.settings.prepare
-        return feature_cache.extract(s.model, head, _progress(loader, s), prepare, s.device, s.recipe.train.precision)
-
-    return compute
-
-
-def _progress(loader: Any, s: TrainingSession) -> Any:
-    """Batches with a progress bar on rank 0 when a terminal shows it."""
-    # disable=None: no bar where stderr is not a terminal (logs, tests), as the run's own bars.
-    return tqdm(loader, total=len(loader), desc="features", disable=None if s.dist.is_main else True, leave=False,
-                unit="batch")
-
-
-def _eval_view(dataset: Any, s: TrainingSession) -> Any:
-    """The split with the eval transform (the worker path applies a dataset's own transform)."""
-    if isinstance(dataset, Subset):
-        inner = copy.copy(dataset.dataset)
-        inner.transform = s.val_set_transform
-        return Subset(inner, dataset.indices)
-    if hasattr(dataset, "transform"):
-        view = copy.copy(dataset)
-        view.transform = s.val_set_transform
-        return view
-    return dataset
-
-
-def describe_cost(features: feature_cache.Features, freeze_epochs: int, epochs: int) -> str:
-    head_epochs = min(freeze_epochs, epochs)
-    total = len(features.train) + len(features.val)
-    if features.loaded:
-        return (f"features: {len(features.train):,} train + {len(features.val):,} val vectors of "
-                f"{features.train.inputs.shape[1]} read from {features.cached} in {features.seconds:.1f} s; "
-                f"head-only epochs ({head_epochs}) push no image through the body")
-    rate = features.images / max(features.seconds, 1e-9)
-    saved = (head_epochs - 1) * total / max(rate, 1e-9)
-    return (f"features: {features.images:,} images through the frozen body once in {features.seconds:.1f} s "
-            f"({rate:.0f} img/s), cached in {features.cached}; head-only epochs ({head_epochs}) train on them: "
-            f"about {saved:.0f} s of forward passes saved against images through the body every epoch")
