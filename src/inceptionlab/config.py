@@ -492,10 +492,12 @@ def load_recipe(name_or_path: str | Path, overrides: list[str] | tuple[str, ...]
         raise UserError(f"{blame(path, overrides, getattr(exc, 'full_key', None) or '')}: {_describe(exc)}") from None
 
 
-def blame(path: Path | str, overrides: list[str] | tuple[str, ...], key: str) -> str:
-    """Where a bad value of `key` came from: the last `--set KEY=...` that set it, else the recipe file."""
+def blame(path: Path | str, overrides: list[str] | tuple[str, ...], key: str | tuple[str, ...]) -> str:
+    """Where a bad value of `key` came from: the last `--set KEY=...` that set it, else the recipe file.
+    Several keys (values that conflict): the last --set that gave any of them."""
+    keys = (key,) if isinstance(key, str) else key
     for item in reversed(overrides):
-        if item.split("=", 1)[0].strip() == key:
+        if item.split("=", 1)[0].strip() in keys:
             return f"--set {item}"
     return str(path)
 

@@ -5,7 +5,7 @@ rank ends with.
 
 resnet18 (BatchNorm) on an image folder: epochs 1-2 train the head on cached features (the head alone
 in a DDP wrapper), epoch 3 the whole model (a new DDP wrapper), with EMA, a balanced sampler, class
-weights and two accumulated micro-batches per step. Writes OUT/rank<R>.json: sha256 of the rank's trained weights and of its average.
+weights (listed: automatic ones on a balanced sampler are refused) and two accumulated micro-batches per step. Writes OUT/rank<R>.json: sha256 of the rank's trained weights and of its average.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from inceptionlab.engine.session import build_training_session
 SETS = ["model.name=resnet18", "model.weights=null", "data.train_crop_size=32", "data.val_resize_size=32",
         "data.val_crop_size=32", "data.num_workers=0", "train.batch_size=4", "train.micro_batch_size=2",
         "train.epochs=3", "train.log_every=1", "optim.lr=0.02", "finetune.freeze_epochs=2", "ema.decay=0.7",
-        "data.sampler=balanced", "train.class_weights=auto"]
+        "data.sampler=balanced", "train.class_weights=[1.0,2.0,0.5]"]
 
 
 def digest(state: dict[str, torch.Tensor]) -> str:

@@ -25,12 +25,6 @@ from inceptionlab.engine.resume import Change, apply_changes, refuse_finished, r
 from inceptionlab.engine.session import TrainingSession, build_training_session
 from inceptionlab.errors import UserError
 
-# The keys of an epoch's metrics row: what train.best_metric may name (config checks it at load time).
-# With EMA on, val_* score the averaged weights (the ones the run keeps) and val_raw_* the trained ones.
-EPOCH_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_raw_loss", "val_raw_top1",
-                 "val_raw_top5")
-
-
 class StopSignal:
     """Set by Ctrl-C (or a test); the loop stops at its next log interval, a checkpoint is saved, the run exits."""
 

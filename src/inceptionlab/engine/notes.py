@@ -29,7 +29,9 @@ def imbalance_notes(recipe: Recipe, task: Any, targets: torch.Tensor, num_classe
     weights = getattr(task, "class_weights", None)
     if weights is not None:
         notes.append(f"class weights: {float(weights.min()):.3g} to {float(weights.max()):.3g} (mean 1)"
-                     if recipe.train.class_weights == "auto" else "class weights: as listed in the recipe")
+                     if recipe.train.class_weights == "auto" else "class weights: as listed in the recipe"
+                     + (", on top of the balanced sampler (each class's weight multiplies its share of the draws)"
+                        if recipe.data.sampler == "balanced" else ""))
     if recipe.data.sampler == "balanced":
         power = recipe.data.balance_power
         notes.append("sampler: balanced (" + ("every class drawn equally often" if power == 1 else

@@ -26,6 +26,7 @@ from inceptionlab.data.loading.sampler import balanced_sample_weights, class_cou
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
 from inceptionlab.engine.batch_size import resolve_batch_sizes
+from inceptionlab.engine.choices import check_recipe
 from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed
 from inceptionlab.engine.ema import ModelEma
 from inceptionlab.engine.loop import StepSettings
@@ -120,7 +121,7 @@ class SessionBuilder:
         self.size_notes: list[str] = []
 
     def build(self) -> TrainingSession:
-        _check_augment(self.recipe)
+        check_recipe(self.recipe, self.recipe.name)  # every combination, before any data is read
         self._start_process()
         self._read_data()
         self._build_model_and_task()
@@ -257,18 +258,6 @@ def fit_batch_to_split(recipe: Recipe, train_size: int, world_size: int) -> tupl
     note = (f"the training split has {per_rank} training images per process, fewer than train.batch_size={batch}: "
             f"each epoch is one batch of {per_rank}")
     return replace(recipe, train=replace(recipe.train, batch_size=per_rank)), [note]
-
-
-def _check_augment(recipe: Recipe) -> None:
-    """Before any data is read: a policy or erasing needs per-image transforms (image folders have them,
-    array datasets not); MixUp/CutMix mix the targets of a multiclass task."""
-    if recipe.augment.per_image and recipe.data.reader not in READERS:
-        raise UserError(f"augment.policy and augment.random_erasing act on image folders; data.reader="
-                        f"{recipe.data.reader} is served as arrays without per-image transforms: "
-                        "set augment.policy=none and augment.random_erasing=0")
-    if recipe.augment.mixes and recipe.task != "multiclass":
-        raise UserError(f"augment.mixup_alpha and augment.cutmix_alpha mix the targets of a multiclass task, "
-                        f"not task={recipe.task}: set both to 0")
 
 
 def _batch_mix(recipe: Recipe, spec: ModelSpec, num_classes: int, dist: DistInfo) -> Any:
