@@ -29,6 +29,24 @@ def state_of(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def start_weights(folder, name="cifar10_cnn", classes=3, seed=0):
+    """A weights file of a freshly initialised `name` (a body that is not random init to the run: it comes
+    from a file, as pretrained weights do), and its state_dict."""
+    from inceptionlab.models.registry import build_model
+
+    torch.manual_seed(seed)
+    state = build_model(name, classes, None).model.state_dict()
+    path = folder / f"{name}-start.pt"
+    torch.save(state, path)
+    return path, state
+
+
+def add_unreadable_jpegs(data, count):
+    """`count` files named like JPEGs that no decoder reads, in train/cat."""
+    for index in range(count):
+        (data / "train" / "cat" / f"broken_{index}.jpg").write_bytes(b"not a jpeg" * 10)
+
+
 # --------------------------------------------------------------------------- parts from the registry
 
 
@@ -258,3 +276,36 @@ def test_features_of_the_worker_and_stream_paths_score_as_the_saved_model_does(t
     scored = evaluate_run(outcome.run_dir, None, None, device=torch.device("cpu"), batch_size=5, num_workers=0)
     assert scored.result["loss"] == pytest.approx(rows[-1]["val_loss"], rel=1e-4, abs=1e-5)
     assert scored.result["top1"] == pytest.approx(rows[-1]["val_top1"])
+
+
+def test_a_balanced_sampler_on_cached_features_skips_what_the_images_skip(tmp_path, image_folder):
+    """data.sampler=balanced, head-only epochs on cached features and an unreadable training JPEG: the
+    features have one row fewer than the split has files, and the sampler's weights must follow them
+    (the image loaders dropped the unreadable file's weight, the feature loader did not: ValueError
+    "19 sample weights for 18 samples" once the work of extracting was done)."""
+    weights, _ = start_weights(tmp_path)
+    add_unreadable_jpegs(image_folder, 1)
+    sets = [*SMALL_CNN, f"model.weights={weights}", "data.sampler=balanced", "finetune.freeze_epochs=1",
+            "train.epochs=1"]
+    outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
+    assert outcome.status == "completed"
+    assert outcome.summary["features"]["train"] == 18 and len(outcome.summary["skipped_files"]) == 1
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["samples"] == 16  # 18 draws, 4 full batches of 4
+
+
+def test_the_schedule_counts_epochs_not_the_steps_of_another_loader(tmp_path, image_folder):
+    """Two unreadable JPEGs among 20 training files, the worker path: the image loader has 5 steps per
+    epoch (20 // 4: files are skipped inside batches), the head-only epoch on cached features 4 (18 // 4).
+    The schedule, counted in the image loader's steps, put the unfreeze a step early: the warm-up after
+    it started at the head-only rate with the body still at 0, not at warmup_start_factor x lr for both."""
+    weights, _ = start_weights(tmp_path)
+    add_unreadable_jpegs(image_folder, 2)
+    sets = [*SMALL_CNN, f"model.weights={weights}", "data.loader=workers", "finetune.freeze_epochs=1",
+            "train.epochs=2", "schedule.name=constant", "schedule.warmup_epochs=1", "schedule.warmup_start_factor=0.2",
+            "optim.lr=0.01"]
+    outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
+    assert outcome.status == "completed" and outcome.summary["features"]["train"] == 18
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    unfrozen = next(row for row in rows if row["epoch"] == 2)
+    assert unfrozen["lr"] == pytest.approx(0.2 * 0.01) and unfrozen["lr_body"] == pytest.approx(0.2 * 0.01)
