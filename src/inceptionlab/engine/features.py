@@ -43,6 +43,7 @@ from inceptionlab import hardware
 from inceptionlab.data.loading.decoded_cache import cache_paths
 from inceptionlab.data.loading.image_options import image_folder_of
 from inceptionlab.data.loading.loaders import make_loader
+from inceptionlab.data.loading.sampler import draw_weights
 from inceptionlab.data.splits import ArraySplit
 from inceptionlab.engine.distributed import barrier
 from inceptionlab.engine.task import main_logits
@@ -185,10 +186,13 @@ def probe_input(s: TrainingSession) -> torch.Tensor:
 
 
 def feature_loaders(s: TrainingSession, features: Features) -> tuple[Any, Any]:
+    """Loaders of the cached vectors, as the session's image loaders serve images. The sampler's weights are
+    those of the rows there are: an unreadable file has no features (nor a place in the image loaders)."""
     common = dict(seed=s.recipe.train.seed, num_workers=0, rank=s.dist.rank, world_size=s.dist.world_size,
                   device=s.device, mode="resident")
-    train = make_loader(features.train, batch_size=s.recipe.train.batch_size, train=True, weights=s.sample_weights,
-                        **common)
+    weights = draw_weights(s.recipe.data.sampler, features.train.targets, s.spec.num_classes,
+                           s.recipe.data.balance_power)
+    train = make_loader(features.train, batch_size=s.recipe.train.batch_size, train=True, weights=weights, **common)
     val = make_loader(features.val, batch_size=s.recipe.train.eval_batch_size or 2 * s.recipe.train.batch_size,
                       train=False, **common)
     return train, val

@@ -20,6 +20,7 @@ from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifa
 from inceptionlab.engine.distributed import agree_at_log, broadcast_buffers, gather_from_all
 from inceptionlab.engine.finetune import Stage, Stages
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
+from inceptionlab.engine.optim import seek_schedule
 from inceptionlab.engine.report import Reporter, chain, epoch_line
 from inceptionlab.engine.resume import Change, apply_changes, refuse_finished, resume_changes
 from inceptionlab.engine.session import TrainingSession, build_training_session
@@ -208,6 +209,8 @@ def _train_epoch(r: _Run, epoch: int, first_step: int, stage: Stage) -> tuple[Ep
     steps_in_epoch = first_step + len(stage.train_loader)
     loader = _governed(r.report.wrap(stage.train_loader, epoch + 1, epochs, first_step), s.threads)
     log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log)
+    # The schedule counts the image loader's steps; this epoch's loader may have another count (engine/optim.py).
+    seek_schedule(s.scheduler, epoch * s.steps_per_epoch + first_step)
     r.lr = _rates(s)
     try:
         return train_one_epoch(stage.runner, loader, s.task, s.optimizer, s.scaler, stage.settings,

@@ -22,7 +22,7 @@ from inceptionlab import hardware
 from inceptionlab.config import Recipe
 from inceptionlab.data.loading.image_options import DeviceImageOptions
 from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
-from inceptionlab.data.loading.sampler import balanced_sample_weights, class_counts, inverse_frequency, split_targets
+from inceptionlab.data.loading.sampler import class_counts, draw_weights, inverse_frequency, split_targets
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
 from inceptionlab.engine.batch_size import resolve_batch_sizes
@@ -73,6 +73,7 @@ class TrainingSession:
     val_set_transform: Any  # the eval view of an image (the spec's), for those features
     image_options: DeviceImageOptions | None
     sample_weights: torch.Tensor | None  # data.sampler=balanced: per training sample
+    steps_per_epoch: int  # the schedule's unit: the image loader's steps in a whole epoch
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -165,7 +166,8 @@ class SessionBuilder:
         self.size_notes = [*found, *fitted]
 
     def _build_loaders(self) -> None:
-        self.sample_weights = _sample_weights(self.recipe, self.targets, self.num_classes)
+        self.sample_weights = draw_weights(self.recipe.data.sampler, self.targets, self.num_classes,
+                                           self.recipe.data.balance_power)
         self.train_loader, self.val_loader, self.test_loader = _build_loaders(
             self.recipe, self.splits, self.train_set, self.val_set, self.dist, self.device, self.sample_weights)
 
@@ -178,8 +180,9 @@ class SessionBuilder:
         # The whole model's wrapper now only when the first epochs train it all (engine/finetune.py builds the rest).
         self.runner = wrap_model(self.model, recipe, dist, self.device) if recipe.finetune.freeze_epochs == 0 else self.model
         self.optimizer = build_optimizer(self.model, recipe.optim, parts=self.parts, finetune=recipe.finetune)
+        self.steps_per_epoch = len(self.train_loader)  # before any set_epoch(start=...) shortens it
         self.scheduler = build_scheduler(self.optimizer, recipe.schedule, recipe.train.epochs,
-                                         steps_per_epoch=len(self.train_loader),
+                                         steps_per_epoch=self.steps_per_epoch,
                                          freeze_epochs=recipe.finetune.freeze_epochs, lr=recipe.optim.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=recipe.train.precision == "fp16")
         self.ema = ModelEma(self.model, recipe.ema) if recipe.ema.enabled else None
@@ -214,7 +217,8 @@ class SessionBuilder:
             notes=self._notes(weights_notes), splits=self.splits, test_loader=self.test_loader, speed=self.speed,
             threads=self.threads, weights_notes=list(weights_notes), parts=self.parts, ema=self.ema,
             train_set=self.train_set, val_set=self.val_set, val_set_transform=val_set_transform,
-            image_options=_device_image_options(self.recipe), sample_weights=self.sample_weights)
+            image_options=_device_image_options(self.recipe), sample_weights=self.sample_weights,
+            steps_per_epoch=self.steps_per_epoch)
 
 
 def _micro_batch(recipe: Recipe) -> int | None:
@@ -233,12 +237,6 @@ def _class_weights(recipe: Recipe, targets: torch.Tensor, num_classes: int, devi
             raise UserError(f"train.class_weights has {len(chosen)} weights for {num_classes} classes")
         weights = torch.tensor(chosen, dtype=torch.float64)
     return weights.to(device=device, dtype=torch.float32)
-
-
-def _sample_weights(recipe: Recipe, targets: torch.Tensor, num_classes: int) -> torch.Tensor | None:
-    if recipe.data.sampler != "balanced":
-        return None
-    return balanced_sample_weights(targets, num_classes, recipe.data.balance_power)
 
 
 def fit_batch_to_split(recipe: Recipe, train_size: int, world_size: int) -> tuple[Recipe, list[str]]:
