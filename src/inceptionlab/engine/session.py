@@ -49,8 +49,7 @@ class TrainingSession:
     dist: DistInfo
     device: torch.device
     spec: ModelSpec
-    model: nn.Module  # the plain module (its state_dict is what we save)
-    runner: nn.Module  # what we call: maybe DDP- and/or compile-wrapped
+    model: nn.Module  # the plain module (its state_dict is what we save); each stage wraps it (engine/finetune.py)
     task: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -177,8 +176,6 @@ class SessionBuilder:
         self.model = place_model(self.built.model, recipe, self.device)
         broadcast_state(self.model, dist)  # every rank starts from rank 0's weights, whatever the first stage wraps
         self.parts = model_parts(self.model, self.num_classes)
-        # The whole model's wrapper now only when the first epochs train it all (engine/finetune.py builds the rest).
-        self.runner = wrap_model(self.model, recipe, dist, self.device) if recipe.finetune.freeze_epochs == 0 else self.model
         self.optimizer = build_optimizer(self.model, recipe.optim, parts=self.parts, finetune=recipe.finetune)
         self.steps_per_epoch = len(self.train_loader)  # before any set_epoch(start=...) shortens it
         self.scheduler = build_scheduler(self.optimizer, recipe.schedule, recipe.train.epochs,
@@ -211,7 +208,7 @@ class SessionBuilder:
         val_set_transform = getattr(self.val_set, "transform", None) or getattr(
             getattr(self.val_set, "dataset", None), "transform", None)
         return TrainingSession(
-            recipe=self.recipe, dist=self.dist, device=self.device, spec=spec, model=self.model, runner=self.runner,
+            recipe=self.recipe, dist=self.dist, device=self.device, spec=spec, model=self.model,
             task=self.task, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
             train_loader=self.train_loader, val_loader=self.val_loader, settings=settings,
             notes=self._notes(weights_notes), splits=self.splits, test_loader=self.test_loader, speed=self.speed,
