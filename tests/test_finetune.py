@@ -309,3 +309,84 @@ def test_the_schedule_counts_epochs_not_the_steps_of_another_loader(tmp_path, im
     rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
     unfrozen = next(row for row in rows if row["epoch"] == 2)
     assert unfrozen["lr"] == pytest.approx(0.2 * 0.01) and unfrozen["lr_body"] == pytest.approx(0.2 * 0.01)
+
+
+# --------------------------------------------------------------------------- where fine-tuning starts
+
+
+def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, image_folder, capsys):
+    """A run that learnt the squares (val top-1 1.0), then one epoch of a from-scratch recipe on its weights
+    (AdamW 0.2 on every layer from the first step) scores chance: before, that ended "completed" with the
+    wrecked weights in model.pt. Now the starting weights are validated as epoch 0 (metrics.jsonl and the
+    output), compete for best.pt, and model.pt keeps them since the last epoch scored below them; the run
+    warns of the from-scratch recipe, naming the settings, before it starts."""
+    sets = [*SMALL_CNN, "optim.name=adamw", "optim.weight_decay=0"]
+    first = fit(recipe_for(image_folder, *sets, "train.epochs=4", "optim.lr=0.003"), tmp_path / "a", progress=False)
+    assert first.summary["last"]["top1"] == 1.0
+    capsys.readouterr()
+    again = fit(recipe_for(image_folder, *sets, "train.epochs=1", "optim.lr=0.2", f"model.weights={first.run_dir}"),
+                tmp_path / "b", progress=False)
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in (again.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [0, 1]
+    assert rows[0]["val_top1"] == 1.0 and rows[1]["val_top1"] < 0.5 and "train_loss" not in rows[0]
+    assert again.status == "completed" and again.summary["best"]["epoch"] == 0 and again.summary["model_epoch"] == 0
+    start, kept = state_of(first.run_dir / "model.pt"), state_of(again.run_dir / "model.pt")
+    assert all(torch.equal(start[key], kept[key]) for key in start)
+    assert torch.equal(state_of(again.run_dir / "checkpoints" / "best.pt")["model"]["0.weight"], start["0.weight"])
+    assert "epoch 0/1 (the starting weights)" in out and "val_top1 1.0000" in out
+    assert "model.pt: the weights of epoch 0" in out
+    (warning,) = [line for line in out.splitlines() if line.startswith("warning: model.weights=")]
+    assert all(key in warning for key in ("optim.lr=0.2", "schedule.warmup_epochs", "finetune.freeze_epochs"))
+
+
+def test_a_random_body_is_not_frozen_and_a_linear_probe_on_it_is_refused(tmp_path, image_folder, capsys):
+    """model.weights=null (inception_v3/tiny_imagenet_fast's case): head-only epochs on a random body train
+    a linear probe on random features (train loss 2.3e21 there, a NaN validation loss, "completed"). They
+    are skipped, said so, and the whole model trains from epoch 1; a linear probe of a random body is
+    refused before any work."""
+    from inceptionlab.engine.session import build_training_session
+    from inceptionlab.errors import UserError
+
+    outcome = fit(recipe_for(image_folder, *SMALL_CNN, "finetune.freeze_epochs=1", "train.epochs=2"), tmp_path / "a",
+                  progress=False)
+    out = capsys.readouterr().out
+    assert "finetune.freeze_epochs=1 skipped: the body is random init (model.weights=null)" in out
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["lr_body"] > 0 and "features" not in outcome.summary
+    with pytest.raises(UserError, match=r"finetune.freeze_epochs=2 .*random body.*set model.weights"):
+        build_training_session(recipe_for(image_folder, *SMALL_CNN, "finetune.freeze_epochs=2", "train.epochs=2"))
+
+
+def test_a_fine_tuning_recipe_from_weights_is_not_warned_about(tmp_path, image_folder):
+    from inceptionlab.engine.session import build_training_session
+
+    weights, _ = start_weights(tmp_path)
+    warm = build_training_session(recipe_for(image_folder, *SMALL_CNN, f"model.weights={weights}",
+                                             "schedule.warmup_epochs=1"))
+    assert not [note for note in warm.notes if note.startswith("warning: model.weights")]
+
+
+def test_a_non_finite_validation_loss_stops_the_run_as_diverged(tmp_path, image_folder, monkeypatch):
+    """The training loss stays finite while the validation loss is NaN (a linear probe on random features
+    blew up to 2.3e21 in training, NaN in validation, and the run ended "completed")."""
+    from inceptionlab.engine import session as engine_session
+    from inceptionlab.errors import UserError
+
+    real_make_task = engine_session.make_task
+
+    def nan_in_validation(*args, **kwargs):
+        task = real_make_task(*args, **kwargs)
+        real_eval_loss = task.eval_loss
+        task.eval_loss = lambda logits, targets: real_eval_loss(logits, targets) * float("nan")
+        return task
+
+    monkeypatch.setattr(engine_session, "make_task", nan_in_validation)
+    with pytest.raises(UserError) as err:
+        fit(recipe_for(image_folder, *SMALL_CNN, "train.epochs=2"), tmp_path / "runs", progress=False)
+    assert err.value.exit_code == 3
+    assert "validation loss after epoch 1 is nan" in str(err.value) and "lower optim.lr" in str(err.value)
+    run = next((tmp_path / "runs").glob("*/*/*"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "diverged" and not (run / "model.pt").exists()
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip()
