@@ -66,15 +66,19 @@ def test_fine_tuning_stages_under_ddp_keep_the_ranks_identical(tmp_path):
     """Head on cached features, then the whole model (a DDP wrapper per stage), with EMA, a balanced
     sampler, class weights and accumulation: both ranks end with the same weights and the same average,
     and rank 0's model.pt is that average."""
+    from test_finetune import start_weights
+
     images = make_image_folder(tmp_path / "images", train_per_class=5, val_per_class=2)
     out = tmp_path / "out"
     out.mkdir()
-    proc = torchrun_two_ranks(FINETUNE_HELPER, out, images, timeout=400)
+    weights, _ = start_weights(tmp_path, "resnet18")  # a frozen body comes from weights (a random one is not frozen)
+    proc = torchrun_two_ranks(FINETUNE_HELPER, out, images, weights, timeout=400)
     ranks = rank_records(out)
     assert ranks[0]["status"] == ranks[1]["status"] == "completed"
     assert ranks[0]["model"] == ranks[1]["model"] and ranks[0]["ema"] == ranks[1]["ema"]
     assert "the whole model trains from here" in proc.stdout and "features:" in proc.stdout
     run = Path(ranks[0]["run_dir"])
+    assert json.loads((run / "summary.json").read_text())["model_epoch"] == 3  # the last epoch's, not the start's
     saved = torch.load(run / "model.pt", weights_only=True)
     import hashlib
 
@@ -84,7 +88,7 @@ def test_fine_tuning_stages_under_ddp_keep_the_ranks_identical(tmp_path):
         h.update(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     assert h.hexdigest() == ranks[0]["ema"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[0]["lr_body"] == 0.0 and rows[2]["lr_body"] > 0
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3] and rows[1]["lr_body"] == 0.0 and rows[3]["lr_body"] > 0
 
 
 @pytest.mark.slow  # two processes train 6 short runs: ~1 min on 2 cores

@@ -31,11 +31,17 @@ def state_of(path):
 
 def start_weights(folder, name="cifar10_cnn", classes=3, seed=0):
     """A weights file of a freshly initialised `name` (a body that is not random init to the run: it comes
-    from a file, as pretrained weights do), and its state_dict."""
+    from a file, as pretrained weights do), and its state_dict. The head's weights are zero, so the start
+    scores chance exactly (every logit equal): a run kept the last epoch's weights unless it scores below."""
+    from inceptionlab.models.parts import model_parts
     from inceptionlab.models.registry import build_model
 
     torch.manual_seed(seed)
-    state = build_model(name, classes, None).model.state_dict()
+    model = build_model(name, classes, None).model
+    with torch.no_grad():
+        for key in model_parts(model, classes).head:
+            model.get_parameter(key).zero_()
+    state = model.state_dict()
     path = folder / f"{name}-start.pt"
     torch.save(state, path)
     return path, state
@@ -213,7 +219,8 @@ def test_cached_features_train_the_head_as_the_frozen_body_does(tmp_path, cifar_
     """On in-memory data (no augmentation on either path) a linear probe on cached features ends with the
     head a probe through the frozen body gets (up to float rounding: the body ran at other batch sizes);
     a second run reads the features from the cache."""
-    sets = ["model.weights=null", "train.epochs=2", "finetune.freeze_epochs=2", "train.batch_size=16",
+    weights, _ = start_weights(tmp_path, classes=10)
+    sets = [f"model.weights={weights}", "train.epochs=2", "finetune.freeze_epochs=2", "train.batch_size=16",
             "data.num_workers=0", f"data.root={cifar_root}"]
     slow = fit(load_recipe("cifar10/small_cnn", [*sets, "finetune.feature_cache=false"]), tmp_path / "s", progress=False)
     fast = fit(load_recipe("cifar10/small_cnn", [*sets, "finetune.feature_cache=true"]), tmp_path / "f", progress=False)
@@ -229,8 +236,9 @@ def test_cached_features_train_the_head_as_the_frozen_body_does(tmp_path, cifar_
 
 def test_a_head_that_does_not_make_the_output_falls_back_to_the_frozen_body(tmp_path, image_folder, capsys):
     """SqueezeNet's output conv feeds a ReLU and pooling: its input is not a feature the head alone maps to the output."""
+    weights, _ = start_weights(tmp_path, "squeezenet1_1")
     sets = ["model.name=squeezenet1_1", "data.train_crop_size=64", "data.val_resize_size=64", "data.val_crop_size=64",
-            "train.epochs=1", "finetune.freeze_epochs=1"]
+            "train.epochs=1", "finetune.freeze_epochs=1", f"model.weights={weights}"]
     outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
     assert outcome.status == "completed"
     assert "features: not used (classifier.1 of squeezenet1_1" in capsys.readouterr().out
@@ -240,7 +248,9 @@ def test_a_head_that_does_not_make_the_output_falls_back_to_the_frozen_body(tmp_
 def test_resume_across_the_unfreeze_is_bit_exact(tmp_path, image_folder):
     """Head-only epoch 1 on cached features, whole model from epoch 2, EMA and a balanced sampler on: a run
     stopped in epoch 2 and resumed ends with the weights (and average) of a run that never stopped."""
-    sets = [*RESNET, "train.epochs=3", "finetune.freeze_epochs=1", "ema.decay=0.8", "data.sampler=balanced",
+    weights, _ = start_weights(tmp_path, "resnet18")
+    sets = [*RESNET, f"model.weights={weights}", "train.epochs=3", "finetune.freeze_epochs=1", "ema.decay=0.8",
+            "data.sampler=balanced",
             "schedule.name=cosine", "schedule.warmup_epochs=1", ONE_THREAD]
     straight = fit(recipe_for(image_folder, *sets), tmp_path / "a", progress=False)
     stop, epochs_seen = StopSignal(), []
@@ -270,12 +280,15 @@ def test_features_of_the_worker_and_stream_paths_score_as_the_saved_model_does(t
     loss equals `evaluate` of the saved model.pt on the same images."""
     from inceptionlab.infer.evaluate import evaluate_run
 
-    sets = [*SMALL_CNN, f"data.loader={loader}", "train.epochs=2", "finetune.freeze_epochs=2"]
+    weights, _ = start_weights(tmp_path)
+    sets = [*SMALL_CNN, f"model.weights={weights}", f"data.loader={loader}", "train.epochs=2",
+            "finetune.freeze_epochs=2"]
     outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
     rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    kept = next(row for row in rows if row["epoch"] == outcome.summary["model_epoch"])
     scored = evaluate_run(outcome.run_dir, None, None, device=torch.device("cpu"), batch_size=5, num_workers=0)
-    assert scored.result["loss"] == pytest.approx(rows[-1]["val_loss"], rel=1e-4, abs=1e-5)
-    assert scored.result["top1"] == pytest.approx(rows[-1]["val_top1"])
+    assert scored.result["loss"] == pytest.approx(kept["val_loss"], rel=1e-4, abs=1e-5)
+    assert scored.result["top1"] == pytest.approx(kept["val_top1"])
 
 
 def test_a_balanced_sampler_on_cached_features_skips_what_the_images_skip(tmp_path, image_folder):

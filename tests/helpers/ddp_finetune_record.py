@@ -1,9 +1,10 @@
 """Run under torchrun (2 processes, gloo): a fine-tuning run whose stages change mid-run, and what each
 rank ends with.
 
-    torchrun --standalone --nproc_per_node=2 tests/helpers/ddp_finetune_record.py OUT IMAGES
+    torchrun --standalone --nproc_per_node=2 tests/helpers/ddp_finetune_record.py OUT IMAGES WEIGHTS
 
-resnet18 (BatchNorm) on an image folder: epochs 1-2 train the head on cached features (the head alone
+resnet18 (BatchNorm) from a weights file on an image folder: epoch 0 scores them, epochs 1-2 train the head
+on cached features (the head alone
 in a DDP wrapper), epoch 3 the whole model (a new DDP wrapper), with EMA, a balanced sampler, class
 weights (listed: automatic ones on a balanced sampler are refused) and two accumulated micro-batches per step. Writes OUT/rank<R>.json: sha256 of the rank's trained weights and of its average.
 """
@@ -23,7 +24,7 @@ from inceptionlab.config import load_recipe
 from inceptionlab.engine.distributed import shutdown_distributed
 from inceptionlab.engine.session import build_training_session
 
-SETS = ["model.name=resnet18", "model.weights=null", "data.train_crop_size=32", "data.val_resize_size=32",
+SETS = ["model.name=resnet18", "data.train_crop_size=32", "data.val_resize_size=32",
         "data.val_crop_size=32", "data.num_workers=0", "train.batch_size=4", "train.micro_batch_size=2",
         "train.epochs=3", "train.log_every=1", "optim.lr=0.02", "finetune.freeze_epochs=2", "ema.decay=0.7",
         "data.sampler=balanced", "train.class_weights=[1.0,2.0,0.5]"]
@@ -38,9 +39,9 @@ def digest(state: dict[str, torch.Tensor]) -> str:
 
 
 def main() -> None:
-    out, images = Path(sys.argv[1]), Path(sys.argv[2])
+    out, images, weights = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     rank = int(os.environ["RANK"])
-    recipe = load_recipe("inception_v3/imagefolder", [*SETS, f"data.root={images}"])
+    recipe = load_recipe("inception_v3/imagefolder", [*SETS, f"data.root={images}", f"model.weights={weights}"])
     s = build_training_session(recipe)
     outcome = fit_module._fit(s, recipe, out / "runs", None, False, None, None)
     record = {"model": digest(s.model.state_dict()), "ema": digest(s.ema.module.state_dict()),

@@ -69,3 +69,33 @@ def speed_warnings(recipe: Recipe, device: torch.device) -> list[str]:
     """Said at once when a set precision can only be emulated on this device."""
     warning = hardware.emulation_warning(hardware.device_facts(device), recipe.train.precision)
     return [f"warning: {warning}"] if warning else []
+
+
+def from_scratch_recipe(recipe: Recipe) -> bool:
+    """Every layer at the full rate from the first step: no head-only epochs, no warm-up, no lower body rate."""
+    tune = recipe.finetune
+    return (tune.freeze_epochs == 0 and recipe.schedule.warmup_epochs == 0 and tune.body_lr_mult == 1
+            and tune.layer_decay is None)
+
+
+def from_scratch_warning(recipe: Recipe) -> str:
+    """Weights given to a recipe written for training from scratch: named, not changed (no default measured
+    on real weights rescues every case: docs/fine-tuning.md), and harmless since epoch 0 keeps the start."""
+    return (f"warning: model.weights={recipe.model.weights} starts from trained weights, but every layer trains at "
+            f"optim.lr={recipe.optim.lr:g} from the first step (schedule.warmup_epochs=0, finetune.freeze_epochs=0, "
+            "finetune.body_lr_mult=1: a recipe for training from scratch), which can wreck them; model.pt keeps the "
+            "starting weights unless an epoch scores better; to fine-tune, set schedule.warmup_epochs=1 or "
+            "finetune.freeze_epochs=1, or a lower optim.lr")
+
+
+def random_body_freeze_skipped(recipe: Recipe) -> str:
+    return (f"finetune.freeze_epochs={recipe.finetune.freeze_epochs} skipped: the body is random init "
+            f"(model.weights={recipe.model.weights or 'null'}), and a head trained on random features learns nothing "
+            "the whole model keeps; the whole model trains from epoch 1")
+
+
+def random_body_probe_refused(recipe: Recipe) -> str:
+    return (f"finetune.freeze_epochs={recipe.finetune.freeze_epochs} >= train.epochs={recipe.train.epochs} trains "
+            f"only the head, on a random body (model.weights={recipe.model.weights or 'null'} loads none): a linear "
+            "probe of random features; set model.weights (imagenet, a weights file or a run directory) or "
+            "finetune.freeze_epochs=0")

@@ -69,6 +69,12 @@ def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str], unit: str =
     return line
 
 
+def start_line(row: dict[str, Any], epochs: int) -> str:
+    """Epoch 0: how the starting weights score before the first step."""
+    return (f"epoch 0/{epochs} (the starting weights)  val_loss {row['val_loss']:.4f}  val_top1 {row['val_top1']:.4f}"
+            + (f"  val_top5 {row['val_top5']:.4f}" if "val_top5" in row else "") + f"  {row['val_seconds']:.1f}s")
+
+
 SKIPPED_SHOWN = 3  # files named in an epoch line; summary.json's skipped_reasons has all of them
 
 

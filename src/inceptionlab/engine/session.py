@@ -30,7 +30,9 @@ from inceptionlab.engine.choices import check_recipe
 from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed
 from inceptionlab.engine.ema import ModelEma
 from inceptionlab.engine.loop import StepSettings
-from inceptionlab.engine.notes import RANDOM_INIT, cache_size_notes, imbalance_notes, optimizer_notes, speed_warnings
+from inceptionlab.engine.notes import (RANDOM_INIT, cache_size_notes, from_scratch_recipe, from_scratch_warning,
+                                      imbalance_notes, optimizer_notes, random_body_freeze_skipped,
+                                      random_body_probe_refused, speed_warnings)
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
 from inceptionlab.engine.speed import RunShape, resolve_speed_settings
 from inceptionlab.engine.task import make_task
@@ -73,6 +75,7 @@ class TrainingSession:
     image_options: DeviceImageOptions | None
     sample_weights: torch.Tensor | None  # data.sampler=balanced: per training sample
     steps_per_epoch: int  # the schedule's unit: the image loader's steps in a whole epoch
+    pretrained: str | None  # what the starting weights are (imagenet, a file, a run), None: random init
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -125,6 +128,7 @@ class SessionBuilder:
         self._start_process()
         self._read_data()
         self._build_model_and_task()
+        self._fine_tuning_policy()
         self._resolve_sizes()
         self._build_loaders()
         self._build_optimisation()
@@ -151,6 +155,20 @@ class SessionBuilder:
                                  **{**recipe.model.kwargs, **self.splits.model_kwargs})
         self.task = make_task(recipe.task, self.num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight,
                               _class_weights(recipe, self.targets, self.num_classes, self.device))
+
+    def _fine_tuning_policy(self) -> None:
+        """What fine-tuning does given where the weights come from. A random body is never frozen: the
+        head-only epochs are skipped (a linear probe of one is refused); trained weights given to a recipe
+        written for training from scratch are warned about by name (fit validates them as epoch 0)."""
+        recipe, self.policy_notes = self.recipe, []
+        freeze = recipe.finetune.freeze_epochs
+        if self.built.pretrained is None and freeze:
+            if freeze >= recipe.train.epochs:
+                raise UserError(random_body_probe_refused(recipe))
+            self.policy_notes.append(random_body_freeze_skipped(recipe))
+            self.recipe = replace(recipe, finetune=replace(recipe.finetune, freeze_epochs=0))
+        elif self.built.pretrained is not None and from_scratch_recipe(recipe):
+            self.policy_notes.append(from_scratch_warning(recipe))
 
     def _resolve_sizes(self) -> None:
         """`auto` speed settings, then `auto` batch sizes, then the batch fitted to the split."""
@@ -204,7 +222,7 @@ class SessionBuilder:
     def _finish(self) -> TrainingSession:
         spec = _make_spec(self.recipe, self.splits, self.num_classes, self.built.arch_kwargs)
         settings = self._step_settings(spec)
-        weights_notes = self.built.report or [RANDOM_INIT]
+        weights_notes = [*(self.built.report or [RANDOM_INIT]), *self.policy_notes]
         val_set_transform = getattr(self.val_set, "transform", None) or getattr(
             getattr(self.val_set, "dataset", None), "transform", None)
         return TrainingSession(
@@ -215,7 +233,7 @@ class SessionBuilder:
             threads=self.threads, weights_notes=list(weights_notes), parts=self.parts, ema=self.ema,
             train_set=self.train_set, val_set=self.val_set, val_set_transform=val_set_transform,
             image_options=_device_image_options(self.recipe), sample_weights=self.sample_weights,
-            steps_per_epoch=self.steps_per_epoch)
+            steps_per_epoch=self.steps_per_epoch, pretrained=self.built.pretrained)
 
 
 def _micro_batch(recipe: Recipe) -> int | None:
