@@ -403,3 +403,38 @@ def test_a_non_finite_validation_loss_stops_the_run_as_diverged(tmp_path, image_
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "diverged" and not (run / "model.pt").exists()
     assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip()
+
+
+# --------------------------------------------------------------------------- BatchNorm, a policy of the stage
+
+
+def batchnorm_statistics(state):
+    return {key: value for key, value in state.items() if key.endswith(("running_mean", "running_var"))}
+
+
+def test_a_body_at_rate_zero_is_frozen_batchnorm_statistics_included(tmp_path, image_folder, capsys):
+    """finetune.body_lr_mult=0 from the first epoch: the body's weights stayed, but it ran in training mode,
+    so its BatchNorm statistics drifted with every batch: a "frozen" body that was not. Now a body at rate 0
+    is frozen as in head-only epochs, said so, and every body tensor ends bit-identical to the start."""
+    weights, start = start_weights(tmp_path, "resnet18")
+    outcome = fit(recipe_for(image_folder, *RESNET, f"model.weights={weights}", "finetune.body_lr_mult=0",
+                             "train.epochs=1", "optim.lr=0.05"), tmp_path / "runs", progress=False)
+    after = state_of(outcome.run_dir / "checkpoints" / "last.pt")["model"]
+    assert batchnorm_statistics(start) and all(torch.equal(after[key], value) for key, value in start.items()
+                                               if not key.startswith("fc."))
+    assert not torch.equal(after["fc.weight"], start["fc.weight"])
+    assert "finetune.body_lr_mult=0" in capsys.readouterr().out
+
+
+def test_batchnorm_policy_frozen_keeps_the_statistics_while_the_body_trains(tmp_path, image_folder, capsys):
+    """finetune.bn=frozen (detection models' FrozenBatchNorm2d, for small batches): the body trains, its
+    BatchNorm layers use and keep their running statistics; the policy is said and recorded in the run."""
+    weights, start = start_weights(tmp_path, "resnet18")
+    outcome = fit(recipe_for(image_folder, *RESNET, f"model.weights={weights}", "finetune.bn=frozen",
+                             "train.epochs=1", "optim.lr=0.05"), tmp_path / "runs", progress=False)
+    assert "finetune.bn=frozen" in capsys.readouterr().out
+    after = state_of(outcome.run_dir / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(after[key], value) for key, value in batchnorm_statistics(start).items())
+    assert not torch.equal(after["layer1.0.conv1.weight"], start["layer1.0.conv1.weight"])
+    assert not torch.equal(after["bn1.weight"], start["bn1.weight"])  # its scale still trains
+    assert "bn: frozen" in (outcome.run_dir / "recipe.resolved.yaml").read_text()
