@@ -333,7 +333,13 @@ class FinetuneConfig:
     # view) and cached beside the data, instead of images through the frozen body every epoch.
     # auto: whenever there are head-only epochs and the model's head can be split off exactly.
     feature_cache: Any = "auto"  # auto | true | false
-    body_lr_mult: float = 1.0  # the body's rate as a multiple of optim.lr once unfrozen (fastai's slice)
+    # The body's rate as a multiple of optim.lr once unfrozen (fastai's slice); 0: the body stays frozen for
+    # the whole run, as in head-only epochs (eval mode, BatchNorm statistics kept).
+    body_lr_mult: float = 1.0
+    # BatchNorm while the body trains: train (batch statistics, running statistics updated) | frozen (running
+    # statistics used and kept, eval mode; scale and shift still train: detection's FrozenBatchNorm2d for
+    # small batches). A frozen body always keeps its statistics (engine/batchnorm.py).
+    bn: str = "train"
     # Layer-wise rate decay (timm's --layer-decay): the body's layers, counted from the head, get
     # lr x layer_decay^k (k = 1 for the last layer before the head); null: one rate for the body.
     layer_decay: Optional[float] = None

@@ -1,7 +1,7 @@
 """Every check a recipe can be given before any data is read, in one place.
 
 Two kinds. Values that name an entry of an engine table are checked against that very table (OPTIMIZERS,
-SCHEDULES, TASKS, READERS, loaders, precisions, the epoch metrics): adding an optimizer to
+SCHEDULES, TASKS, READERS, loaders, precisions, the epoch metrics, BatchNorm policies): adding an optimizer to
 `engine/optim.py` makes it a valid `optim.name` with no second list to update. And values that cannot
 work together (`conflicts`): each refused with one line naming the keys, their values and the fix,
 instead of a crash after an epoch or a run that silently does something else. `config.py` checks each
@@ -17,6 +17,7 @@ from typing import Iterable
 from inceptionlab.config import Recipe, blame, load_recipe
 from inceptionlab.data.loading.loaders import LOADERS
 from inceptionlab.data.readers import ARRAY_READERS, READERS
+from inceptionlab.engine.batchnorm import BN_POLICIES
 from inceptionlab.engine.optim import OPTIMIZERS, SCHEDULES
 from inceptionlab.engine.report import EPOCH_METRICS
 from inceptionlab.engine.task import TASKS
@@ -35,6 +36,7 @@ def recipe_choices(recipe: Recipe) -> list[tuple[str, str, Iterable[str]]]:
         ("train.best_metric", recipe.train.best_metric, EPOCH_METRICS),
         ("data.reader", recipe.data.reader, [*READERS, *ARRAY_READERS]),
         ("data.loader", recipe.data.loader, LOADERS),
+        ("finetune.bn", recipe.finetune.bn, BN_POLICIES),
     ]
 
 

@@ -257,8 +257,7 @@ def _eval_view(dataset: Any, s: TrainingSession) -> Any:
     return dataset
 
 
-def describe_cost(features: Features, freeze_epochs: int, epochs: int) -> str:
-    head_epochs = min(freeze_epochs, epochs)
+def describe_cost(features: Features, head_epochs: int) -> str:
     total = len(features.train) + len(features.val)
     if features.loaded:
         return (f"features: {len(features.train):,} train + {len(features.val):,} val vectors of "

@@ -2,8 +2,10 @@
 
 A stage is what an epoch trains: the module the loop calls, its loaders, how it enters training mode.
 
-- `all`: the whole model, as the guide trains it.
-- `head` (epochs before finetune.freeze_epochs): only the head's parameters require gradients, so
+- `all`: the whole model, as the guide trains it; its BatchNorm layers as `finetune.bn` says
+  (engine/batchnorm.py: batch statistics, or the running ones kept).
+- `head` (epochs before finetune.freeze_epochs, or every epoch with finetune.body_lr_mult=0: a body at
+  rate 0 is a frozen body): only the head's parameters require gradients, so
   autograd computes none for the body and auxiliary heads (no activations kept for their backward),
   and the model runs in eval mode but for the head: BatchNorm keeps and uses its running statistics and
   dropout in the body is off. A frozen body that still updated its BatchNorm statistics would not be
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
+from inceptionlab.engine import batchnorm
 from inceptionlab.engine import features as feature_cache
 from inceptionlab.engine.loop import StepSettings
 
@@ -70,9 +73,15 @@ class Stages:
         return {"seconds": round(f.seconds, 3), "images_computed": f.images, "loaded_from_cache": f.loaded,
                 "train": len(f.train), "val": len(f.val), "dim": int(f.train.inputs.shape[1]), "cache": str(f.cached)}
 
+    @property
+    def head_epochs(self) -> int:
+        """Epochs that train the head alone: all of them with the body at rate 0, else the freeze's."""
+        tune, epochs = self.s.recipe.finetune, self.s.recipe.train.epochs
+        return epochs if tune.body_lr_mult == 0 else min(tune.freeze_epochs, epochs)
+
     def kind(self, epoch: int) -> str:
         s = self.s
-        if epoch >= s.recipe.finetune.freeze_epochs:
+        if epoch >= self.head_epochs:
             return "all"
         wanted = s.recipe.finetune.feature_cache
         return "head-features" if wanted is not False and self._exact is not False else "head"
@@ -106,16 +115,33 @@ class Stages:
         self._release()
         self._set_trainable(kind)
         runner = self.wrap(s.model)
-        if kind == "head":
-            self.say(f"epochs 1-{s.recipe.finetune.freeze_epochs}: the head ({', '.join(s.parts.head_modules)}) "
-                     "trains alone; the body is frozen (no gradients, BatchNorm statistics kept, eval mode)")
-        elif s.recipe.finetune.freeze_epochs:
-            self.say(f"epoch {s.recipe.finetune.freeze_epochs + 1}: the whole model trains from here")
+        self._say_stage(kind)
         return Stage(kind, runner, s.train_loader, s.val_loader, s.settings, self._train_mode(kind), _whole)
+
+    def _say_stage(self, kind: str) -> None:
+        """The stage's policy, stated: what trains, what is frozen, what BatchNorm does."""
+        s, tune = self.s, self.s.recipe.finetune
+        if kind == "head" and tune.body_lr_mult == 0:
+            self.say(f"epochs 1-{self.head_epochs}: the head ({', '.join(s.parts.head_modules)}) trains alone; "
+                     "the body is frozen for the whole run (finetune.body_lr_mult=0: no gradients, BatchNorm "
+                     "statistics kept, eval mode)")
+        elif kind == "head":
+            self.say(f"epochs 1-{self.head_epochs}: the head ({', '.join(s.parts.head_modules)}) trains alone; "
+                     "the body is frozen (no gradients, BatchNorm statistics kept, eval mode)")
+        elif tune.freeze_epochs or (tune.bn != "train" and batchnorm.has_batchnorm(s.model)):
+            where = f"epoch {tune.freeze_epochs + 1}: the whole model trains from here" if tune.freeze_epochs else \
+                "the whole model trains"
+            self.say(where + (f" ({batchnorm.describe(tune.bn)})" if batchnorm.has_batchnorm(s.model) else ""))
 
     def _train_mode(self, kind: str) -> Callable[[nn.Module], Any]:
         if kind == "all":
-            return nn.Module.train
+            policy, apart = self.s.recipe.finetune.bn, (*self.s.parts.head_modules, *self.s.parts.aux_modules)
+
+            def whole(runner: nn.Module) -> None:
+                runner.train()
+                batchnorm.apply_policy(policy, self.s.model, apart)
+
+            return whole
         heads = [self.s.model.get_submodule(name) for name in self.s.parts.head_modules]
 
         def head_only(runner: nn.Module) -> None:
@@ -136,9 +162,10 @@ class Stages:
                 return None
             self._exact = True
             self.features = feature_cache.compute_features(s, head_name)
-            self.say(feature_cache.describe_cost(self.features, s.recipe.finetune.freeze_epochs, s.recipe.train.epochs))
+            self.say(feature_cache.describe_cost(self.features, self.head_epochs))
         self._release()
         self._set_trainable("head")
+        self._say_stage("head")
         head = s.model.get_submodule(head_name)
         runner = head if not s.dist.enabled else nn.parallel.DistributedDataParallel(
             head, device_ids=[s.device.index] if s.device.type == "cuda" else None)

@@ -95,7 +95,10 @@ def random_body_freeze_skipped(recipe: Recipe) -> str:
 
 
 def random_body_probe_refused(recipe: Recipe) -> str:
-    return (f"finetune.freeze_epochs={recipe.finetune.freeze_epochs} >= train.epochs={recipe.train.epochs} trains "
-            f"only the head, on a random body (model.weights={recipe.model.weights or 'null'} loads none): a linear "
-            "probe of random features; set model.weights (imagenet, a weights file or a run directory) or "
-            "finetune.freeze_epochs=0")
+    tune = recipe.finetune
+    why = ("finetune.body_lr_mult=0" if tune.body_lr_mult == 0 else
+           f"finetune.freeze_epochs={tune.freeze_epochs} >= train.epochs={recipe.train.epochs}")
+    fix = "finetune.body_lr_mult=1" if tune.body_lr_mult == 0 else "finetune.freeze_epochs=0"
+    return (f"{why} trains only the head, on a random body (model.weights={recipe.model.weights or 'null'} loads "
+            f"none): a linear probe of random features; set model.weights (imagenet, a weights file or a run "
+            f"directory) or {fix}")

@@ -162,9 +162,10 @@ class SessionBuilder:
         written for training from scratch are warned about by name (fit validates them as epoch 0)."""
         recipe, self.policy_notes = self.recipe, []
         freeze = recipe.finetune.freeze_epochs
+        probe = freeze >= recipe.train.epochs or recipe.finetune.body_lr_mult == 0  # the body never trains
+        if self.built.pretrained is None and probe:
+            raise UserError(random_body_probe_refused(recipe))
         if self.built.pretrained is None and freeze:
-            if freeze >= recipe.train.epochs:
-                raise UserError(random_body_probe_refused(recipe))
             self.policy_notes.append(random_body_freeze_skipped(recipe))
             self.recipe = replace(recipe, finetune=replace(recipe.finetune, freeze_epochs=0))
         elif self.built.pretrained is not None and from_scratch_recipe(recipe):
