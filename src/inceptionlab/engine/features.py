@@ -40,12 +40,11 @@ from torch.utils.data import Subset
 from tqdm import tqdm
 
 from inceptionlab import hardware
-from inceptionlab.data.loading.decoded_cache import cache_paths
+from inceptionlab.data.loading.decoded_cache import cache_paths, one_at_a_time
 from inceptionlab.data.loading.image_options import image_folder_of
 from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.loading.sampler import draw_weights
 from inceptionlab.data.splits import ArraySplit
-from inceptionlab.engine.distributed import barrier
 from inceptionlab.engine.task import main_logits
 from inceptionlab.fileio import atomic_torch_save
 from inceptionlab.runtime import autocast
@@ -151,21 +150,23 @@ def extract(model: nn.Module, head: nn.Module, loader: Any, prepare: Callable[[t
 
 def load_or_extract(key: str, folder: Path, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]],
                     class_names: list[str]) -> tuple[ArraySplit, bool, int]:
-    """(features, loaded from the cache?, images computed) for one split."""
+    """(features, loaded from the cache?, images computed) for one split, under the split's lock: of the
+    processes that ask at once, one computes and saves, the others wait and load (decoded_cache's pattern)."""
     path = folder / f"{key}.pt"
-    if path.is_file():
+    with one_at_a_time(path):
+        if path.is_file():
+            try:
+                payload = torch.load(path, map_location="cpu", weights_only=True)
+                if payload.get("key") == key:
+                    return ArraySplit(payload["features"], payload["targets"], class_names), True, 0
+            except Exception:  # noqa: BLE001 - a damaged cache is recomputed, never trusted
+                pass
+        features, targets = compute()
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-            if payload.get("key") == key:
-                return ArraySplit(payload["features"], payload["targets"], class_names), True, 0
-        except Exception:  # noqa: BLE001 - a damaged cache is recomputed, never trusted
+            atomic_torch_save({"key": key, "features": features, "targets": targets}, path)
+        except OSError:  # a read-only cache: compute again next time
             pass
-    features, targets = compute()
-    try:
-        atomic_torch_save({"key": key, "features": features, "targets": targets}, path)
-    except OSError:  # a read-only cache: compute again next time
-        pass
-    return ArraySplit(features, targets, class_names), False, len(targets)
+        return ArraySplit(features, targets, class_names), False, len(targets)
 
 
 def timed(function: Callable[[], Any]) -> tuple[Any, float]:
@@ -199,7 +200,9 @@ def feature_loaders(s: TrainingSession, features: Features) -> tuple[Any, Any]:
 
 
 def compute_features(s: TrainingSession, head_name: str) -> Features:
-    """Both splits' features: from the cache, or computed (rank 0 computes, the others then read)."""
+    """Both splits' features: from the cache, or computed. Under torchrun the ranks take turns on a lock
+    beside each split's file (load_or_extract): the first extracts and saves, the others wait there and
+    load it, with no collective to time out however long the extraction takes."""
     head = s.model.get_submodule(head_name)
     key_parts = {"arch": s.spec.arch, "arch_kwargs": s.spec.arch_kwargs, "head": head_name,
                  "body": body_digest(s.model, head_name),
@@ -213,12 +216,8 @@ def compute_features(s: TrainingSession, head_name: str) -> Features:
         folder = cache_folder(dataset)
         where = folder
         compute = _extractor(s, head, dataset)
-        if not s.dist.is_main:
-            barrier(s.dist)  # rank 0 writes the cache first
         (split, was_cached, count), took = timed(
             functools.partial(load_or_extract, key, folder, compute, list(s.spec.class_names)))
-        if s.dist.is_main:
-            barrier(s.dist)
         splits[name] = split
         seconds, images, loaded = seconds + took, images + count, loaded and was_cached
     torch.random.set_rng_state(start_rng)  # the eval loaders draw nothing, but keep the run's stream exact
