@@ -21,7 +21,7 @@ from torch import nn
 from inceptionlab import hardware
 from inceptionlab.config import Recipe
 from inceptionlab.data.loading.image_options import DeviceImageOptions
-from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
+from inceptionlab.data.loading.loaders import Loader, cap_samples, device_bytes, make_loader
 from inceptionlab.data.loading.sampler import class_counts, draw_weights, inverse_frequency, split_targets
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
@@ -179,9 +179,24 @@ class SessionBuilder:
                                                     broadcast=_broadcaster(dist), fresh=self.fresh_speed,
                                                     is_main=dist.is_main)
         recipe, found = resolve_batch_sizes(recipe, self.built.model, self.task, self.device, shape,
-                                            broadcast=_broadcaster_of(dist))
+                                            broadcast=_broadcaster_of(dist),
+                                            reserved=lambda: self._kept_on_device(recipe))
         self.recipe, fitted = fit_batch_to_split(recipe, len(self.train_set), dist.world_size)  # after `auto` is found
         self.size_notes = [*found, *fitted]
+
+    def _kept_on_device(self, recipe: Recipe) -> dict[str, int]:
+        """Bytes the run will keep on its GPU beside a training step, placed after `auto` batch sizes are
+        probed: the loaders' resident data, the weights' average, DistributedDataParallel's gradient buckets
+        (one per trainable parameter's gradient). The probe's step holds the weights, gradients, optimizer
+        state and activations itself."""
+        model, options = self.built.model, _device_image_options(recipe)
+        data = sum(device_bytes(split, device=self.device, mode=recipe.data.loader, images=options,
+                                local_world_size=self.dist.local_world_size)
+                   for split in (self.train_set, self.val_set, self.splits.test) if split is not None)
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+        return {"the resident data": data, "the weights' average (EMA)": weights if recipe.ema.enabled else 0,
+                "DDP's gradient buckets": gradients if self.dist.enabled else 0}
 
     def _build_loaders(self) -> None:
         self.sample_weights = draw_weights(self.recipe.data.sampler, self.targets, self.num_classes,
