@@ -438,3 +438,25 @@ def test_batchnorm_policy_frozen_keeps_the_statistics_while_the_body_trains(tmp_
     assert not torch.equal(after["layer1.0.conv1.weight"], start["layer1.0.conv1.weight"])
     assert not torch.equal(after["bn1.weight"], start["bn1.weight"])  # its scale still trains
     assert "bn: frozen" in (outcome.run_dir / "recipe.resolved.yaml").read_text()
+
+
+def test_the_feature_cache_says_what_it_saves_once_and_only_when_it_saves(tmp_path, image_folder, capsys):
+    """One head-only epoch on cached features saves no pass of the body (the extraction is the one pass the
+    epoch would make): "about 0 s of forward passes saved" said nothing; for eight, the total read as per
+    epoch ("against images through the body every epoch"). Now: the passes saved, in all, or nothing."""
+    def features_line(*sets):
+        capsys.readouterr()
+        fit(recipe_for(image_folder, *SMALL_CNN, "finetune.freeze_epochs=3", *sets), tmp_path / "runs", progress=False)
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("features:")]
+        assert "every epoch" not in line
+        return line
+
+    (tmp_path / "other").mkdir()
+    weights, other = start_weights(tmp_path)[0], start_weights(tmp_path / "other", seed=1)[0]
+    one = features_line(f"model.weights={weights}", "train.epochs=1")
+    assert "27 images through the frozen body once" in one and "save" not in one
+    three = features_line(f"model.weights={other}", "train.epochs=3")
+    assert "27 images through the frozen body once" in three
+    assert "saves 2 passes of the frozen body over both splits (about " in three and " s in all" in three
+    again = features_line(f"model.weights={other}", "train.epochs=3")
+    assert "read from" in again and "saves 3 passes of the frozen body over both splits" in again
