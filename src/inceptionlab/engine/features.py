@@ -257,13 +257,20 @@ def _eval_view(dataset: Any, s: TrainingSession) -> Any:
 
 
 def describe_cost(features: Features, head_epochs: int) -> str:
-    total = len(features.train) + len(features.val)
+    """The features line: where they came from, and what they save, once and in all: each head-only epoch
+    would pass both splits through the frozen body; computing the features is one such pass (so one
+    head-only epoch saves nothing), reading them from the cache is none."""
+    epochs = "the head-only epoch trains" if head_epochs == 1 else f"the {head_epochs} head-only epochs train"
+    saved = head_epochs if features.loaded else head_epochs - 1
+    passes = f"{saved} pass{'es' if saved > 1 else ''} of the frozen body over both splits"
     if features.loaded:
         return (f"features: {len(features.train):,} train + {len(features.val):,} val vectors of "
                 f"{features.train.inputs.shape[1]} read from {features.cached} in {features.seconds:.1f} s; "
-                f"head-only epochs ({head_epochs}) push no image through the body")
+                f"{epochs} on them, which saves {passes}")
     rate = features.images / max(features.seconds, 1e-9)
-    saved = (head_epochs - 1) * total / max(rate, 1e-9)
-    return (f"features: {features.images:,} images through the frozen body once in {features.seconds:.1f} s "
-            f"({rate:.0f} img/s), cached in {features.cached}; head-only epochs ({head_epochs}) train on them: "
-            f"about {saved:.0f} s of forward passes saved against images through the body every epoch")
+    line = (f"features: {features.images:,} images through the frozen body once in {features.seconds:.1f} s "
+            f"({rate:.0f} img/s), cached in {features.cached}; {epochs} on them")
+    if saved < 1:
+        return line
+    seconds = saved * (len(features.train) + len(features.val)) / max(rate, 1e-9)
+    return f"{line}, which saves {passes} (about {seconds:.0f} s in all at this rate)"
