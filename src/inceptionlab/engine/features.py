@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -45,6 +45,7 @@ from inceptionlab.data.loading.image_options import image_folder_of
 from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.loading.sampler import draw_weights
 from inceptionlab.data.splits import ArraySplit
+from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.task import main_logits
 from inceptionlab.fileio import atomic_torch_save
 from inceptionlab.runtime import autocast
@@ -178,6 +179,28 @@ def timed(function: Callable[[], Any]) -> tuple[Any, float]:
 # --------------------------------------------------------------------------- a session's features
 
 
+def exact_head(s: TrainingSession) -> str | None:
+    """The session's head module, when the head applied to what enters it gives the model's own output (the
+    same answer on every rank: the probe input is the same everywhere); None when it does not."""
+    head_name = s.parts.head_modules[0]
+    return head_name if head_is_exact(s.model, s.model.get_submodule(head_name), probe_input(s)) else None
+
+
+def not_used_line(s: TrainingSession) -> str:
+    return (f"features: not used ({s.parts.head_modules[0]} of {s.recipe.model.name} does not make the model's "
+            "output from what enters it): the head trains through the frozen body")
+
+
+def feature_settings(s: TrainingSession) -> StepSettings:
+    """The step's settings on feature vectors: nothing to prepare, and no MixUp/CutMix (they mix images; the
+    head trains on the eval view's features without per-image augmentation too), no micro-batching."""
+    return replace(s.settings, prepare=_identity, micro_batch=None, mix=None)
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def probe_input(s: TrainingSession) -> torch.Tensor:
     """Two inputs of the model's shape from a private generator (the run's RNG stream is untouched)."""
     generator = torch.Generator().manual_seed(0)
@@ -274,3 +297,12 @@ def describe_cost(features: Features, head_epochs: int) -> str:
         return line
     seconds = saved * (len(features.train) + len(features.val)) / max(rate, 1e-9)
     return f"{line}, which saves {passes} (about {seconds:.0f} s in all at this rate)"
+
+
+def describe_range_test(features: Features) -> str:
+    """lr-find's features line: the head's range test steps on them, and a run's head-only epochs read them."""
+    where = (f"read from {features.cached} in {features.seconds:.1f} s" if features.loaded else
+             f"{features.images:,} images through the frozen body once in {features.seconds:.1f} s, cached in "
+             f"{features.cached}")
+    return (f"features: {where}; the head's range test steps on them, and the head-only epochs of a run with "
+            "these weights and settings read them from there")

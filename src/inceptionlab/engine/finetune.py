@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import gc
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
 from torch import nn
 
 from inceptionlab.engine import batchnorm
@@ -51,10 +50,6 @@ class Stage:
     settings: StepSettings
     train_mode: Callable[[nn.Module], Any]
     view: Callable[[nn.Module], nn.Module]  # a whole model (raw or averaged) -> what evaluation calls
-
-
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
 
 
 class Stages:
@@ -155,10 +150,9 @@ class Stages:
         s = self.s
         head_name = s.parts.head_modules[0]
         if self.features is None:
-            if not feature_cache.head_is_exact(s.model, s.model.get_submodule(head_name), feature_cache.probe_input(s)):
-                self._exact = False  # the same answer on every rank: the probe is the same everywhere
-                self.say(f"features: not used ({head_name} of {s.recipe.model.name} does not make the model's "
-                         "output from what enters it): the head trains through the frozen body")
+            if feature_cache.exact_head(s) is None:
+                self._exact = False
+                self.say(feature_cache.not_used_line(s))
                 return None
             self._exact = True
             self.features = feature_cache.compute_features(s, head_name)
@@ -170,10 +164,8 @@ class Stages:
         runner = head if not s.dist.enabled else nn.parallel.DistributedDataParallel(
             head, device_ids=[s.device.index] if s.device.type == "cuda" else None)
         train_loader, val_loader = feature_cache.feature_loaders(s, self.features)
-        # Features are vectors, not images: no MixUp/CutMix on them (the head-only epochs on cached features
-        # train without mixing, as they train without per-image augmentation).
-        settings = replace(s.settings, prepare=_identity, micro_batch=None, mix=None)
-        return Stage("head-features", runner, train_loader, val_loader, settings, nn.Module.train,
+        return Stage("head-features", runner, train_loader, val_loader, feature_cache.feature_settings(s),
+                     nn.Module.train,
                      lambda model: model.get_submodule(head_name))
 
 
