@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Callable
 
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
-# Every BatchNorm class (1d, 2d, 3d, SyncBatchNorm, the lazy ones) derives from torch's _BatchNorm.
-BATCHNORM = _BatchNorm
+# The public BatchNorm classes (torch's private base _BatchNorm is not an API of every version; a lazy
+# BatchNorm becomes one of these once materialised).
+BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
 def _keep_training(model: nn.Module, trained_apart: tuple[str, ...]) -> None:
