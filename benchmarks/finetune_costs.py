@@ -90,9 +90,9 @@ def feature_epochs(folder: Path, work: Path, sets: list[str]) -> dict[str, float
     rows_summary = transfer.train([f"data.root={folder}", "train.epochs=2", "finetune.freeze_epochs=1",
                                    "train.log_every=1000", "data.num_workers=0", *sets], work / "finetune-costs-runs")
     run = Path(rows_summary["run_dir"])
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    head = rows[0]["epoch_seconds"] + rows[0]["val_seconds"]
-    whole = rows[1]["epoch_seconds"] + rows[1]["val_seconds"]
+    rows = {row["epoch"]: row for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    head = rows[1]["epoch_seconds"] + rows[1]["val_seconds"]  # rows[0]: the starting weights, scored before step 1
+    whole = rows[2]["epoch_seconds"] + rows[2]["val_seconds"]
     features = rows_summary.get("features", {})
     return {"head_epoch_s": head, "whole_epoch_s": whole, "speedup": whole / head,
             "features_s": features.get("seconds"), "features_images": features.get("images_computed")}

@@ -56,7 +56,7 @@ def run_demo(work: Path, env: dict[str, str], busy: bool) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"demo failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     metrics = next(out.glob("demo/digits/*/metrics.jsonl")).read_text().splitlines()
-    epochs = [json.loads(line)["images_per_s"] for line in metrics]
+    epochs = [row["images_per_s"] for row in map(json.loads, metrics) if row["epoch"] > 0]  # 0: the start's validation
     changes = [line for line in proc.stdout.splitlines() if line.startswith("threads: ") and "->" in line]
     return {"epoch1_img_per_s": round(epochs[0], 1), "epoch2_img_per_s": round(epochs[-1], 1),
             "wall_s": round(wall, 1), "thread_changes": changes}

@@ -42,7 +42,8 @@ def train_row(data: Path, out: Path, overrides: list[str], args: argparse.Namesp
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
     run_dir = Path(json.loads(proc.stdout.strip().splitlines()[-1])["run_dir"])
-    epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    epochs = [row for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if row["epoch"] > 0]  # epoch 0 (a run from weights): the start's validation, no training
     run_env = json.loads((run_dir / "env.json").read_text())
     return {"images_per_s": epochs[-1]["images_per_s"], "first_epoch_images_per_s": epochs[0]["images_per_s"],
             "command": " ".join(cmd[1:]), "heap": run_env.get("heap")}  # the command's own, not this script's

@@ -127,3 +127,55 @@ def test_probing_a_real_gpu_finds_a_batch_that_trains_and_caches_it(tmp_path):
     assert probe.peaks[probe.fits] <= probe.budget_bytes
     again = finder.probe_cuda(recipe, model, task, device, RunShape((3, 64, 64), False, 10), cache=cache)
     assert again.source == "cached" and again.chosen == probe.chosen
+
+
+def test_the_budget_leaves_room_for_what_the_run_places_after_probing():
+    """The probe runs before the resident data cache, the weights' average (EMA) and DDP's gradient buckets
+    exist: a budget of 90% of the free memory left them no room (a resident cache may take a quarter of it).
+    The budget is the free memory less 10%, less those; the evidence names them; the cache keeps them."""
+    reserved = {"the resident data": 3 * GIB, "the weights' average (EMA)": GIB // 2, "DDP's gradient buckets": 0}
+    budget = finder.budget_bytes(80 * GIB, reserved)
+    assert budget == int(80 * GIB * 0.9) - 3 * GIB - GIB // 2
+    step, _ = fake_gpu(80 * GIB, 150 * 2**20)
+    probe = finder.find_batch(step, budget)
+    probe.reserved = reserved
+    assert GIB + probe.fits * 150 * 2**20 <= budget
+    assert "the free memory less 10% and 3.00 GiB for the resident data, 0.50 GiB for the weights' average (EMA)" \
+        in probe.evidence() and "DDP" not in probe.evidence()
+    assert finder.BatchProbe.from_figures(probe.to_figures()).reserved == reserved
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_a_session_probes_within_what_its_cache_and_average_leave(tmp_path, monkeypatch):
+    """A session with EMA and a resident image folder on a GPU: the probe's budget is the free memory less
+    10% less at least what the average and the resident images then take on the device."""
+    from conftest import make_image_folder
+
+    from inceptionlab.engine.session import build_training_session
+
+    seen = {}
+    real_find, real_free = finder.find_batch, torch.cuda.mem_get_info
+
+    def find(step_peak, budget, **kwargs):
+        seen["budget"] = budget
+        return real_find(step_peak, budget, **kwargs)
+
+    def free(device=None):
+        seen.setdefault("free", real_free(device)[0])
+        return real_free(device)
+
+    monkeypatch.setattr(finder, "find_batch", find)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", free)
+    data = make_image_folder(tmp_path / "data", train_per_class=40, val_per_class=10, size=64)
+    recipe = load_recipe("inception_v3/imagefolder", [
+        f"data.root={data}", "model.name=resnet18", "model.weights=null", "data.train_crop_size=64",
+        "data.val_resize_size=64", "data.val_crop_size=64", "data.loader=resident", "data.num_workers=0",
+        "train.batch_size=auto", "train.precision=fp32", "train.channels_last=false", "train.compile=false",
+        "train.device=cuda", "ema.decay=0.99", "train.epochs=1"])
+    s = build_training_session(recipe)
+    average = sum(t.numel() * t.element_size() for t in s.ema.module.state_dict().values())
+    images = sum(loader.images.numel() for loader in (s.train_loader, s.val_loader)
+                 if loader.images.device.type == "cuda")
+    assert images > 0  # the resident images went to the GPU, as the budget assumed
+    assert seen["budget"] <= int(seen["free"] * 0.9) - average - images

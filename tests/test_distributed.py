@@ -65,16 +65,24 @@ FINETUNE_HELPER = Path(__file__).parent / "helpers" / "ddp_finetune_record.py"
 def test_fine_tuning_stages_under_ddp_keep_the_ranks_identical(tmp_path):
     """Head on cached features, then the whole model (a DDP wrapper per stage), with EMA, a balanced
     sampler, class weights and accumulation: both ranks end with the same weights and the same average,
-    and rank 0's model.pt is that average."""
+    and rank 0's model.pt is that average. One rank extracts the features, the other loads its file, and
+    no rank waits in a collective meanwhile: rank 0 extracted while the others sat in a barrier, under
+    NCCL's 10-minute default, which an ImageNet-size split outlasts."""
+    from test_finetune import start_weights
+
     images = make_image_folder(tmp_path / "images", train_per_class=5, val_per_class=2)
     out = tmp_path / "out"
     out.mkdir()
-    proc = torchrun_two_ranks(FINETUNE_HELPER, out, images, timeout=400)
+    weights, _ = start_weights(tmp_path, "resnet18")  # a frozen body comes from weights (a random one is not frozen)
+    proc = torchrun_two_ranks(FINETUNE_HELPER, out, images, weights, timeout=400)
     ranks = rank_records(out)
     assert ranks[0]["status"] == ranks[1]["status"] == "completed"
     assert ranks[0]["model"] == ranks[1]["model"] and ranks[0]["ema"] == ranks[1]["ema"]
+    assert sorted(rank["extracted"] for rank in ranks) == [0, 2]  # train and val, by one rank
+    assert [rank["barriers"] for rank in ranks] == [0, 0]
     assert "the whole model trains from here" in proc.stdout and "features:" in proc.stdout
     run = Path(ranks[0]["run_dir"])
+    assert json.loads((run / "summary.json").read_text())["model_epoch"] == 3  # the last epoch's, not the start's
     saved = torch.load(run / "model.pt", weights_only=True)
     import hashlib
 
@@ -84,7 +92,7 @@ def test_fine_tuning_stages_under_ddp_keep_the_ranks_identical(tmp_path):
         h.update(value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     assert h.hexdigest() == ranks[0]["ema"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[0]["lr_body"] == 0.0 and rows[2]["lr_body"] > 0
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3] and rows[1]["lr_body"] == 0.0 and rows[3]["lr_body"] > 0
 
 
 @pytest.mark.slow  # two processes train 6 short runs: ~1 min on 2 cores

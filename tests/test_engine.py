@@ -319,13 +319,24 @@ def test_adamw_cosine_warmup_smoothing_clip_and_determinism_take_effect(image_fo
     assert all(c.weight.is_contiguous() for c in convs(s.model))  # default NCHW
 
 
-def test_compile_option_trains_through_the_compiled_module(image_folder, tmp_path, built):
+def test_compile_option_trains_through_the_compiled_module(image_folder, tmp_path, built, monkeypatch):
+    """One wrapper per stage, built by the stage: the session also built one that nothing called (under
+    torchrun, a second DistributedDataParallel with its own buckets and hooks on every parameter)."""
+    wrappers = []
+    real_compile = torch.compile
+
+    def compile_and_keep(module, *args, **kwargs):
+        wrappers.append(real_compile(module, *args, **kwargs))
+        return wrappers[-1]
+
+    monkeypatch.setattr(torch, "compile", compile_and_keep)
     recipe = small_recipe_for(image_folder, "train.epochs=1", "train.compile=true",
                               "data.max_train_samples=8", "data.max_val_samples=4")
     outcome = fit(recipe, tmp_path / "runs", progress=False)
     assert outcome.status == "completed"
     s = built.session
-    assert isinstance(s.runner, torch._dynamo.eval_frame.OptimizedModule) and s.runner._orig_mod is s.model
+    (runner,) = wrappers
+    assert isinstance(runner, torch._dynamo.eval_frame.OptimizedModule) and runner._orig_mod is s.model
     assert "0.weight" in state_of(outcome.run_dir / "model.pt")  # saved from the plain module, no _orig_mod.
 
 

@@ -29,6 +29,30 @@ def state_of(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def start_weights(folder, name="cifar10_cnn", classes=3, seed=0):
+    """A weights file of a freshly initialised `name` (a body that is not random init to the run: it comes
+    from a file, as pretrained weights do), and its state_dict. The head's weights are zero, so the start
+    scores chance exactly (every logit equal): a run kept the last epoch's weights unless it scores below."""
+    from inceptionlab.models.parts import model_parts
+    from inceptionlab.models.registry import build_model
+
+    torch.manual_seed(seed)
+    model = build_model(name, classes, None).model
+    with torch.no_grad():
+        for key in model_parts(model, classes).head:
+            model.get_parameter(key).zero_()
+    state = model.state_dict()
+    path = folder / f"{name}-start.pt"
+    torch.save(state, path)
+    return path, state
+
+
+def add_unreadable_jpegs(data, count):
+    """`count` files named like JPEGs that no decoder reads, in train/cat."""
+    for index in range(count):
+        (data / "train" / "cat" / f"broken_{index}.jpg").write_bytes(b"not a jpeg" * 10)
+
+
 # --------------------------------------------------------------------------- parts from the registry
 
 
@@ -195,7 +219,8 @@ def test_cached_features_train_the_head_as_the_frozen_body_does(tmp_path, cifar_
     """On in-memory data (no augmentation on either path) a linear probe on cached features ends with the
     head a probe through the frozen body gets (up to float rounding: the body ran at other batch sizes);
     a second run reads the features from the cache."""
-    sets = ["model.weights=null", "train.epochs=2", "finetune.freeze_epochs=2", "train.batch_size=16",
+    weights, _ = start_weights(tmp_path, classes=10)
+    sets = [f"model.weights={weights}", "train.epochs=2", "finetune.freeze_epochs=2", "train.batch_size=16",
             "data.num_workers=0", f"data.root={cifar_root}"]
     slow = fit(load_recipe("cifar10/small_cnn", [*sets, "finetune.feature_cache=false"]), tmp_path / "s", progress=False)
     fast = fit(load_recipe("cifar10/small_cnn", [*sets, "finetune.feature_cache=true"]), tmp_path / "f", progress=False)
@@ -211,8 +236,9 @@ def test_cached_features_train_the_head_as_the_frozen_body_does(tmp_path, cifar_
 
 def test_a_head_that_does_not_make_the_output_falls_back_to_the_frozen_body(tmp_path, image_folder, capsys):
     """SqueezeNet's output conv feeds a ReLU and pooling: its input is not a feature the head alone maps to the output."""
+    weights, _ = start_weights(tmp_path, "squeezenet1_1")
     sets = ["model.name=squeezenet1_1", "data.train_crop_size=64", "data.val_resize_size=64", "data.val_crop_size=64",
-            "train.epochs=1", "finetune.freeze_epochs=1"]
+            "train.epochs=1", "finetune.freeze_epochs=1", f"model.weights={weights}"]
     outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
     assert outcome.status == "completed"
     assert "features: not used (classifier.1 of squeezenet1_1" in capsys.readouterr().out
@@ -222,7 +248,9 @@ def test_a_head_that_does_not_make_the_output_falls_back_to_the_frozen_body(tmp_
 def test_resume_across_the_unfreeze_is_bit_exact(tmp_path, image_folder):
     """Head-only epoch 1 on cached features, whole model from epoch 2, EMA and a balanced sampler on: a run
     stopped in epoch 2 and resumed ends with the weights (and average) of a run that never stopped."""
-    sets = [*RESNET, "train.epochs=3", "finetune.freeze_epochs=1", "ema.decay=0.8", "data.sampler=balanced",
+    weights, _ = start_weights(tmp_path, "resnet18")
+    sets = [*RESNET, f"model.weights={weights}", "train.epochs=3", "finetune.freeze_epochs=1", "ema.decay=0.8",
+            "data.sampler=balanced",
             "schedule.name=cosine", "schedule.warmup_epochs=1", ONE_THREAD]
     straight = fit(recipe_for(image_folder, *sets), tmp_path / "a", progress=False)
     stop, epochs_seen = StopSignal(), []
@@ -252,9 +280,183 @@ def test_features_of_the_worker_and_stream_paths_score_as_the_saved_model_does(t
     loss equals `evaluate` of the saved model.pt on the same images."""
     from inceptionlab.judge.evaluate import evaluate_run
 
-    sets = [*SMALL_CNN, f"data.loader={loader}", "train.epochs=2", "finetune.freeze_epochs=2"]
+    weights, _ = start_weights(tmp_path)
+    sets = [*SMALL_CNN, f"model.weights={weights}", f"data.loader={loader}", "train.epochs=2",
+            "finetune.freeze_epochs=2"]
     outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
     rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    kept = next(row for row in rows if row["epoch"] == outcome.summary["model_epoch"])
     scored = evaluate_run(outcome.run_dir, None, None, device=torch.device("cpu"), batch_size=5, num_workers=0)
-    assert scored.result["loss"] == pytest.approx(rows[-1]["val_loss"], rel=1e-4, abs=1e-5)
-    assert scored.result["top1"] == pytest.approx(rows[-1]["val_top1"])
+    assert scored.result["loss"] == pytest.approx(kept["val_loss"], rel=1e-4, abs=1e-5)
+    assert scored.result["top1"] == pytest.approx(kept["val_top1"])
+
+
+def test_a_balanced_sampler_on_cached_features_skips_what_the_images_skip(tmp_path, image_folder):
+    """data.sampler=balanced, head-only epochs on cached features and an unreadable training JPEG: the
+    features have one row fewer than the split has files, and the sampler's weights must follow them
+    (the image loaders dropped the unreadable file's weight, the feature loader did not: ValueError
+    "19 sample weights for 18 samples" once the work of extracting was done)."""
+    weights, _ = start_weights(tmp_path)
+    add_unreadable_jpegs(image_folder, 1)
+    sets = [*SMALL_CNN, f"model.weights={weights}", "data.sampler=balanced", "finetune.freeze_epochs=1",
+            "train.epochs=1"]
+    outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
+    assert outcome.status == "completed"
+    assert outcome.summary["features"]["train"] == 18 and len(outcome.summary["skipped_files"]) == 1
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["samples"] == 16  # 18 draws, 4 full batches of 4
+
+
+def test_the_schedule_counts_epochs_not_the_steps_of_another_loader(tmp_path, image_folder):
+    """Two unreadable JPEGs among 20 training files, the worker path: the image loader has 5 steps per
+    epoch (20 // 4: files are skipped inside batches), the head-only epoch on cached features 4 (18 // 4).
+    The schedule, counted in the image loader's steps, put the unfreeze a step early: the warm-up after
+    it started at the head-only rate with the body still at 0, not at warmup_start_factor x lr for both."""
+    weights, _ = start_weights(tmp_path)
+    add_unreadable_jpegs(image_folder, 2)
+    sets = [*SMALL_CNN, f"model.weights={weights}", "data.loader=workers", "finetune.freeze_epochs=1",
+            "train.epochs=2", "schedule.name=constant", "schedule.warmup_epochs=1", "schedule.warmup_start_factor=0.2",
+            "optim.lr=0.01"]
+    outcome = fit(recipe_for(image_folder, *sets), tmp_path / "runs", progress=False)
+    assert outcome.status == "completed" and outcome.summary["features"]["train"] == 18
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    unfrozen = next(row for row in rows if row["epoch"] == 2)
+    assert unfrozen["lr"] == pytest.approx(0.2 * 0.01) and unfrozen["lr_body"] == pytest.approx(0.2 * 0.01)
+
+
+# --------------------------------------------------------------------------- where fine-tuning starts
+
+
+def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, image_folder, capsys):
+    """A run that learnt the squares (val top-1 1.0), then one epoch of a from-scratch recipe on its weights
+    (AdamW 0.2 on every layer from the first step) scores chance: before, that ended "completed" with the
+    wrecked weights in model.pt. Now the starting weights are validated as epoch 0 (metrics.jsonl and the
+    output), compete for best.pt, and model.pt keeps them since the last epoch scored below them; the run
+    warns of the from-scratch recipe, naming the settings, before it starts."""
+    sets = [*SMALL_CNN, "optim.name=adamw", "optim.weight_decay=0"]
+    first = fit(recipe_for(image_folder, *sets, "train.epochs=4", "optim.lr=0.003"), tmp_path / "a", progress=False)
+    assert first.summary["last"]["top1"] == 1.0
+    capsys.readouterr()
+    again = fit(recipe_for(image_folder, *sets, "train.epochs=1", "optim.lr=0.2", f"model.weights={first.run_dir}"),
+                tmp_path / "b", progress=False)
+    out = capsys.readouterr().out
+    rows = [json.loads(line) for line in (again.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [0, 1]
+    assert rows[0]["val_top1"] == 1.0 and rows[1]["val_top1"] < 0.5 and "train_loss" not in rows[0]
+    assert again.status == "completed" and again.summary["best"]["epoch"] == 0 and again.summary["model_epoch"] == 0
+    start, kept = state_of(first.run_dir / "model.pt"), state_of(again.run_dir / "model.pt")
+    assert all(torch.equal(start[key], kept[key]) for key in start)
+    assert torch.equal(state_of(again.run_dir / "checkpoints" / "best.pt")["model"]["0.weight"], start["0.weight"])
+    assert "epoch 0/1 (the starting weights)" in out and "val_top1 1.0000" in out
+    assert "model.pt: the weights of epoch 0" in out
+    (warning,) = [line for line in out.splitlines() if line.startswith("warning: model.weights=")]
+    assert all(key in warning for key in ("optim.lr=0.2", "schedule.warmup_epochs", "finetune.freeze_epochs"))
+
+
+def test_a_random_body_is_not_frozen_and_a_linear_probe_on_it_is_refused(tmp_path, image_folder, capsys):
+    """model.weights=null (inception_v3/tiny_imagenet_fast's case): head-only epochs on a random body train
+    a linear probe on random features (train loss 2.3e21 there, a NaN validation loss, "completed"). They
+    are skipped, said so, and the whole model trains from epoch 1; a linear probe of a random body is
+    refused before any work."""
+    from inceptionlab.engine.session import build_training_session
+    from inceptionlab.errors import UserError
+
+    outcome = fit(recipe_for(image_folder, *SMALL_CNN, "finetune.freeze_epochs=1", "train.epochs=2"), tmp_path / "a",
+                  progress=False)
+    out = capsys.readouterr().out
+    assert "finetune.freeze_epochs=1 skipped: the body is random init (model.weights=null)" in out
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["lr_body"] > 0 and "features" not in outcome.summary
+    with pytest.raises(UserError, match=r"finetune.freeze_epochs=2 .*random body.*set model.weights"):
+        build_training_session(recipe_for(image_folder, *SMALL_CNN, "finetune.freeze_epochs=2", "train.epochs=2"))
+
+
+def test_a_fine_tuning_recipe_from_weights_is_not_warned_about(tmp_path, image_folder):
+    from inceptionlab.engine.session import build_training_session
+
+    weights, _ = start_weights(tmp_path)
+    warm = build_training_session(recipe_for(image_folder, *SMALL_CNN, f"model.weights={weights}",
+                                             "schedule.warmup_epochs=1"))
+    assert not [note for note in warm.notes if note.startswith("warning: model.weights")]
+
+
+def test_a_non_finite_validation_loss_stops_the_run_as_diverged(tmp_path, image_folder, monkeypatch):
+    """The training loss stays finite while the validation loss is NaN (a linear probe on random features
+    blew up to 2.3e21 in training, NaN in validation, and the run ended "completed")."""
+    from inceptionlab.engine import session as engine_session
+    from inceptionlab.errors import UserError
+
+    real_make_task = engine_session.make_task
+
+    def nan_in_validation(*args, **kwargs):
+        task = real_make_task(*args, **kwargs)
+        real_eval_loss = task.eval_loss
+        task.eval_loss = lambda logits, targets: real_eval_loss(logits, targets) * float("nan")
+        return task
+
+    monkeypatch.setattr(engine_session, "make_task", nan_in_validation)
+    with pytest.raises(UserError) as err:
+        fit(recipe_for(image_folder, *SMALL_CNN, "train.epochs=2"), tmp_path / "runs", progress=False)
+    assert err.value.exit_code == 3
+    assert "validation loss after epoch 1 is nan" in str(err.value) and "lower optim.lr" in str(err.value)
+    run = next((tmp_path / "runs").glob("*/*/*"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "diverged" and not (run / "model.pt").exists()
+    assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip()
+
+
+# --------------------------------------------------------------------------- BatchNorm, a policy of the stage
+
+
+def batchnorm_statistics(state):
+    return {key: value for key, value in state.items() if key.endswith(("running_mean", "running_var"))}
+
+
+def test_a_body_at_rate_zero_is_frozen_batchnorm_statistics_included(tmp_path, image_folder, capsys):
+    """finetune.body_lr_mult=0 from the first epoch: the body's weights stayed, but it ran in training mode,
+    so its BatchNorm statistics drifted with every batch: a "frozen" body that was not. Now a body at rate 0
+    is frozen as in head-only epochs, said so, and every body tensor ends bit-identical to the start."""
+    weights, start = start_weights(tmp_path, "resnet18")
+    outcome = fit(recipe_for(image_folder, *RESNET, f"model.weights={weights}", "finetune.body_lr_mult=0",
+                             "train.epochs=1", "optim.lr=0.05"), tmp_path / "runs", progress=False)
+    after = state_of(outcome.run_dir / "checkpoints" / "last.pt")["model"]
+    assert batchnorm_statistics(start) and all(torch.equal(after[key], value) for key, value in start.items()
+                                               if not key.startswith("fc."))
+    assert not torch.equal(after["fc.weight"], start["fc.weight"])
+    assert "finetune.body_lr_mult=0" in capsys.readouterr().out
+
+
+def test_batchnorm_policy_frozen_keeps_the_statistics_while_the_body_trains(tmp_path, image_folder, capsys):
+    """finetune.bn=frozen (detection models' FrozenBatchNorm2d, for small batches): the body trains, its
+    BatchNorm layers use and keep their running statistics; the policy is said and recorded in the run."""
+    weights, start = start_weights(tmp_path, "resnet18")
+    outcome = fit(recipe_for(image_folder, *RESNET, f"model.weights={weights}", "finetune.bn=frozen",
+                             "train.epochs=1", "optim.lr=0.05"), tmp_path / "runs", progress=False)
+    assert "finetune.bn=frozen" in capsys.readouterr().out
+    after = state_of(outcome.run_dir / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(after[key], value) for key, value in batchnorm_statistics(start).items())
+    assert not torch.equal(after["layer1.0.conv1.weight"], start["layer1.0.conv1.weight"])
+    assert not torch.equal(after["bn1.weight"], start["bn1.weight"])  # its scale still trains
+    assert "bn: frozen" in (outcome.run_dir / "recipe.resolved.yaml").read_text()
+
+
+def test_the_feature_cache_says_what_it_saves_once_and_only_when_it_saves(tmp_path, image_folder, capsys):
+    """One head-only epoch on cached features saves no pass of the body (the extraction is the one pass the
+    epoch would make): "about 0 s of forward passes saved" said nothing; for eight, the total read as per
+    epoch ("against images through the body every epoch"). Now: the passes saved, in all, or nothing."""
+    def features_line(*sets):
+        capsys.readouterr()
+        fit(recipe_for(image_folder, *SMALL_CNN, "finetune.freeze_epochs=3", *sets), tmp_path / "runs", progress=False)
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("features:")]
+        assert "every epoch" not in line
+        return line
+
+    (tmp_path / "other").mkdir()
+    weights, other = start_weights(tmp_path)[0], start_weights(tmp_path / "other", seed=1)[0]
+    one = features_line(f"model.weights={weights}", "train.epochs=1")
+    assert "27 images through the frozen body once" in one and "save" not in one
+    three = features_line(f"model.weights={other}", "train.epochs=3")
+    assert "27 images through the frozen body once" in three
+    assert "saves 2 passes of the frozen body over both splits (about " in three and " s in all" in three
+    again = features_line(f"model.weights={other}", "train.epochs=3")
+    assert "read from" in again and "saves 3 passes of the frozen body over both splits" in again

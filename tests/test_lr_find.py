@@ -58,16 +58,42 @@ def test_progress_advances_as_the_steps_run_not_before(image_folder):
 
     s = build_training_session(load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={image_folder}", *SMALL_CNN]))
     forwards = []
-    s.model.register_forward_hook(lambda *_: forwards.append(1))
+    s.model.get_submodule(s.parts.head_modules[0]).register_forward_hook(lambda *_: forwards.append(1))
     seen = []
 
     def progress(values):
         for value in values:
-            seen.append(len(forwards))  # forward passes run before this rate's step
+            seen.append(len(forwards))  # the head's forward passes run before this rate's step
             yield value
 
     find_learning_rates(s, 1e-5, 1e-3, steps=5, progress=progress)
-    assert seen == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # head then body, one step after each rate is handed out
+    # Head then body: one step after each rate is handed out (before the head's first, its features are computed).
+    assert len(seen) == 10 and [b - a for a, b in zip(seen, seen[1:])] == [1] * 9
+
+
+def test_the_heads_range_test_steps_on_the_cached_features(image_folder):
+    """The head's range test ran every step's images through the frozen body (13 minutes for 20 steps of
+    Inception v3 on a CPU) where the head-only epochs use the body's features, computed once and cached:
+    now the body sees each image once, the head steps on the vectors, and a run reads them from the cache."""
+    from inceptionlab.engine import features
+    from inceptionlab.engine.session import build_training_session
+
+    s = build_training_session(load_recipe("inception_v3/imagefolder", [*FAST, f"data.root={image_folder}", *SMALL_CNN]))
+    body_forwards, seen = [], {"head": [], "body": []}
+    s.model.register_forward_hook(lambda *_: body_forwards.append(1))
+    parts = iter(("head", "body"))
+
+    def progress(values):
+        part = next(parts)
+        for value in values:
+            seen[part].append(len(body_forwards))  # the whole model's forward passes before this rate's step
+            yield value
+
+    results = find_learning_rates(s, 1e-5, 1e-2, steps=6, progress=progress)
+    assert len(set(seen["head"])) == 1 and seen["head"][0] > 0  # features first, then no pass through the body
+    assert [b - a for a, b in zip(seen["body"], seen["body"][1:])] == [1] * 5  # the whole model: one per step
+    assert all(math.isfinite(loss) for loss in results["head"].losses)
+    assert len(list(features.cache_folder(s.train_set).glob("*.pt"))) == 2  # train and val, for the run's epochs
 
 
 def test_cli_without_a_terminal_says_how_far_each_range_test_is(image_folder, tmp_path, cli):

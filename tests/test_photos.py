@@ -139,7 +139,7 @@ def test_the_cache_size_follows_the_model_and_a_smaller_one_is_said():
     assert recipe.data.cache_size is None
     assert resolve_data_config(recipe.data, "inception_v3").cache_size == 342  # Inception v3's eval resize
     assert resolve_data_config(recipe.data, "resnet50").cache_size == 232  # ResNet50's
-    from inceptionlab.engine.session import cache_size_notes
+    from inceptionlab.engine.notes import cache_size_notes
 
     small = resolve_data_config(load_recipe("inception_v3/imagefolder", ["data.root=x", "data.cache_size=256"]).data,
                                 "inception_v3")

@@ -89,10 +89,11 @@ def test_two_steps_with_the_aux_head_at_299_px(image_folder, tmp_path, inception
     outcome = fit(recipe, tmp_path / "runs", progress=False)
 
     assert outcome.status == "completed"
-    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 1 and rows[0]["samples"] == 4
-    assert math.isfinite(rows[0]["train_loss"]) and math.isfinite(rows[0]["val_loss"])
-    assert rows[0]["lr"] == pytest.approx(0.1 * recipe.optim.lr)  # first warm-up epoch
+    start, row = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert start["epoch"] == 0 and math.isfinite(start["val_loss"])  # the ImageNet weights, scored before step 1
+    assert row["samples"] == 4
+    assert math.isfinite(row["train_loss"]) and math.isfinite(row["val_loss"])
+    assert row["lr"] == pytest.approx(0.1 * recipe.optim.lr)  # first warm-up epoch
     state = torch.load(outcome.run_dir / "model.pt", map_location="cpu", weights_only=True)
     assert state["AuxLogits.fc.weight"].shape == (3, 768)  # kept and re-headed for the 3 classes
     assert state["fc.weight"].shape == (3, 2048)

@@ -162,3 +162,42 @@ def test_a_fine_tune_from_a_weights_file_then_from_its_run_says_what_it_loaded_a
                 *[x for item in [*FAST, *resnet, f"model.weights={run}", "train.epochs=1", "train.log_every=100"] for x in ("--set", item)])
     assert again.code == 0, again.err
     check_example("fine-tuning-continue", again.out, labels=["cat", "dog", "fox", "owl"])
+
+
+# Values that cannot work together, each refused by the one check before any data is read or anything trains:
+# (--set values, words the one-line error must hold: the keys, their values and the fix).
+CONFLICTS = [
+    # Without EMA there are no raw weights beside an average: a whole epoch trained, then a KeyError (exit 70).
+    (["train.best_metric=val_raw_top1"], ["train.best_metric=val_raw_top1", "ema.decay", "val_top1"]),
+    # Both correct for the imbalance: together each class's share of the loss went as n^-2p, without a word.
+    (["data.sampler=balanced", "train.class_weights=auto"],
+     ["data.sampler=balanced", "train.class_weights=auto", "train.class_weights=null", "data.sampler=shuffle"]),
+]
+
+
+@pytest.mark.parametrize("sets, named", CONFLICTS)
+def test_values_that_cannot_work_together_are_refused_before_any_work(image_folder, tmp_path, cli, sets, named):
+    result = cli(*train_args(image_folder, tmp_path / "runs", *sets))
+    assert result.code == 2, result.err
+    (line,) = result.err.strip().splitlines()
+    assert line.startswith(f"error: --set {sets[-1]}: ") and all(word in line for word in named), line
+    assert not (tmp_path / "runs").exists()  # nothing written
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.fit import fit
+    from inceptionlab.errors import UserError
+
+    # The same check guards the API, before the data is read (this folder does not exist).
+    recipe = load_recipe(RECIPE, [*FAST, *SMALL_CNN, f"data.root={tmp_path / 'absent'}", *sets])
+    with pytest.raises(UserError, match=named[0].replace(".", r"\.")):
+        fit(recipe, tmp_path / "api", progress=False)
+
+
+def test_listed_class_weights_on_a_balanced_sampler_are_said_to_apply_on_top(image_folder):
+    from inceptionlab.config import load_recipe
+    from inceptionlab.engine.session import build_training_session
+
+    recipe = load_recipe(RECIPE, [*FAST, *SMALL_CNN, f"data.root={image_folder}", "data.sampler=balanced",
+                                  "train.class_weights=[1,2,1]"])
+    notes = build_training_session(recipe).notes
+    line = next(note for note in notes if note.startswith("class weights:"))
+    assert "on top of the balanced sampler" in line

@@ -333,7 +333,13 @@ class FinetuneConfig:
     # view) and cached beside the data, instead of images through the frozen body every epoch.
     # auto: whenever there are head-only epochs and the model's head can be split off exactly.
     feature_cache: Any = "auto"  # auto | true | false
-    body_lr_mult: float = 1.0  # the body's rate as a multiple of optim.lr once unfrozen (fastai's slice)
+    # The body's rate as a multiple of optim.lr once unfrozen (fastai's slice); 0: the body stays frozen for
+    # the whole run, as in head-only epochs (eval mode, BatchNorm statistics kept).
+    body_lr_mult: float = 1.0
+    # BatchNorm while the body trains: train (batch statistics, running statistics updated) | frozen (running
+    # statistics used and kept, eval mode; scale and shift still train: detection's FrozenBatchNorm2d for
+    # small batches). A frozen body always keeps its statistics (engine/batchnorm.py).
+    bn: str = "train"
     # Layer-wise rate decay (timm's --layer-decay): the body's layers, counted from the head, get
     # lr x layer_decay^k (k = 1 for the last layer before the head); null: one rate for the body.
     layer_decay: Optional[float] = None
@@ -492,10 +498,12 @@ def load_recipe(name_or_path: str | Path, overrides: list[str] | tuple[str, ...]
         raise UserError(f"{blame(path, overrides, getattr(exc, 'full_key', None) or '')}: {_describe(exc)}") from None
 
 
-def blame(path: Path | str, overrides: list[str] | tuple[str, ...], key: str) -> str:
-    """Where a bad value of `key` came from: the last `--set KEY=...` that set it, else the recipe file."""
+def blame(path: Path | str, overrides: list[str] | tuple[str, ...], key: str | tuple[str, ...]) -> str:
+    """Where a bad value of `key` came from: the last `--set KEY=...` that set it, else the recipe file.
+    Several keys (values that conflict): the last --set that gave any of them."""
+    keys = (key,) if isinstance(key, str) else key
     for item in reversed(overrides):
-        if item.split("=", 1)[0].strip() == key:
+        if item.split("=", 1)[0].strip() in keys:
             return f"--set {item}"
     return str(path)
 

@@ -64,7 +64,7 @@ def lr_find(
             return tqdm(values, desc=f"range test {part}", unit="step", leave=False)
         return progress_lines(values, part, say)
 
-    results = find_learning_rates(session, start, end, steps, progress=bar)
+    results = find_learning_rates(session, start, end, steps, progress=bar, say=say)
     folder = RunDir.create(out, loaded.name).path
     tests = {part: test.to_dict() for part, test in results.items()}
     plot = plot_lr_find(tests, folder / "lr_find.png")

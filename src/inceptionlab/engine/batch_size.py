@@ -6,7 +6,9 @@ the run's model (the run's weights, optimizer and RNG streams are untouched): on
 until a step runs out of memory or needs more than the budget, then a bisection between the last batch
 that fitted and the first that did not. The budget is the device's free memory before probing, less
 `HEADROOM` (10%): the allocator's fragmentation, the data loader's pinned buffers and evaluation's
-larger batches need room the probe does not see. A batch of 16 or more is rounded down to a multiple
+larger batches need room the probe does not see; and less what the run will place on the device after
+probing and the probe's step does not hold (`reserved`, from the session builder): the resident data
+cache, the weights' average (EMA) and DistributedDataParallel's gradient buckets. A batch of 16 or more is rounded down to a multiple
 of 8 (tensor-core tiles). The result is cached with the speed settings (hardware.SpeedCache, keyed by
 GPU, torch, model, input shape, precision, memory format, compile and optimizer) and printed with its
 evidence: the peak memory of each probed batch.
@@ -52,25 +54,31 @@ class BatchProbe:
     budget_bytes: int
     peaks: dict[int, int | None] = field(default_factory=dict)  # batch -> peak bytes of its step (None: OOM)
     source: str = "measured"  # measured | cached
+    reserved: dict[str, int] = field(default_factory=dict)  # what the budget leaves free for -> bytes
 
     def evidence(self) -> str:
         shown = ", ".join(f"{b}: {'out of memory' if p is None else f'{p / 2**30:.2f} GiB'}"
                           for b, p in sorted(self.peaks.items()))
         over = f", {self.fails} does not" if self.fails else f" (probing stops at {MAX_BATCH})"
+        kept = {what: size for what, size in self.reserved.items() if size}
+        less = (" and " + ", ".join(f"{size / 2**30:.2f} GiB for {what}" for what, size in kept.items())
+                if kept else "")
         return (f"{self.chosen} ({self.source}: {self.fits} fits in {self.budget_bytes / 2**30:.1f} GiB, the free "
-                f"memory less {HEADROOM:.0%}{over}; peak per step {shown})")
+                f"memory less {HEADROOM:.0%}{less}{over}; peak per step {shown})")
 
     def to_figures(self) -> dict[str, float]:
         figures = {"chosen": float(self.chosen), "fits": float(self.fits), "budget": float(self.budget_bytes),
                    "fails": float(self.fails or 0)}
         figures.update({f"peak_{b}": float(-1 if p is None else p) for b, p in self.peaks.items()})
+        figures.update({f"reserved_{what}": float(size) for what, size in self.reserved.items()})
         return figures
 
     @classmethod
     def from_figures(cls, figures: dict[str, float]) -> BatchProbe:
         peaks = {int(k[5:]): (None if v < 0 else int(v)) for k, v in figures.items() if k.startswith("peak_")}
+        reserved = {k[9:]: int(v) for k, v in figures.items() if k.startswith("reserved_")}
         return cls(int(figures["chosen"]), int(figures["fits"]), int(figures["fails"]) or None,
-                   int(figures["budget"]), peaks, "cached")
+                   int(figures["budget"]), peaks, "cached", reserved)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -145,36 +153,49 @@ def cuda_step_peak(recipe: Recipe, model: nn.Module, task: Any, device: torch.de
 
 
 def probe_cuda(recipe: Recipe, model: nn.Module, task: Any, device: torch.device, shape: RunShape,
-               cache: hardware.SpeedCache | None = None) -> BatchProbe:
+               cache: hardware.SpeedCache | None = None, reserved: dict[str, int] | None = None) -> BatchProbe:
+    """The batch that fits in the free memory less HEADROOM and less `reserved` (what -> bytes the run places
+    on the device after probing: its data cache, EMA copy, DDP buckets)."""
+    reserved = dict(reserved or {})
     facts = hardware.device_facts(device)
     key = hardware.make_key("batch", facts, recipe.model.name, shape.input_shape, 0,
                             extra=f"{recipe.task}/{recipe.optim.name}/{recipe.train.precision}/"
                                   f"cl={recipe.train.channels_last}/compile={recipe.train.compile}/"
-                                  f"aux={recipe.model.aux_loss_weight is not None}/headroom={HEADROOM}")
+                                  f"aux={recipe.model.aux_loss_weight is not None}/headroom={HEADROOM}/"
+                                  f"reserved_mib={sum(reserved.values()) // 2**20}")
     cache = cache or hardware.SpeedCache()
     figures = cache.load(key)
     if "chosen" in figures:
         return BatchProbe.from_figures(figures)
     free, _ = torch.cuda.mem_get_info(device)
     with torch.random.fork_rng(devices=[device]):
-        probe = find_batch(cuda_step_peak(recipe, model, task, device, shape), int(free * (1 - HEADROOM)))
+        probe = find_batch(cuda_step_peak(recipe, model, task, device, shape), budget_bytes(free, reserved))
+    probe.reserved = reserved
     cache.store(key, probe.to_figures())
     return probe
 
 
+def budget_bytes(free: int, reserved: dict[str, int]) -> int:
+    """What one training step may use: the free memory less HEADROOM, less what the run keeps beside it."""
+    return max(0, int(free * (1 - HEADROOM)) - sum(reserved.values()))
+
+
 def resolve_batch_sizes(recipe: Recipe, model: nn.Module, task: Any, device: torch.device, shape: RunShape, *,
                         broadcast: Callable[[Any], Any] = lambda value: value,
-                        probe: Callable[..., BatchProbe] | None = None) -> tuple[Recipe, list[str]]:
+                        probe: Callable[..., BatchProbe] | None = None,
+                        reserved: Callable[[], dict[str, int]] | None = None) -> tuple[Recipe, list[str]]:
     """The recipe with `auto` batch sizes replaced (and optim.lr scaled for a found batch); lines to print.
 
-    Under DDP rank 0 probes and every rank takes its answer (`broadcast`)."""
+    Under DDP rank 0 probes and every rank takes its answer (`broadcast`). `reserved`: what the run will
+    keep on the device beside a step (asked only when probing: estimating a data cache reads headers)."""
     train = recipe.train
     if "auto" not in (train.batch_size, train.micro_batch_size):
         return recipe, []
     reference = recipe.optim.lr_batch_size or DEFAULT_LR_BATCH
     found: BatchProbe | None = None
     if device.type == "cuda":
-        found = broadcast((probe or probe_cuda)(recipe, model, task, device, shape))
+        found = broadcast((probe or probe_cuda)(recipe, model, task, device, shape, None,
+                                                (reserved or dict)()))
         if found.chosen < 1:
             raise_no_fit(recipe, found)
     notes: list[str] = []

@@ -2,8 +2,10 @@
 
 A stage is what an epoch trains: the module the loop calls, its loaders, how it enters training mode.
 
-- `all`: the whole model, as the guide trains it.
-- `head` (epochs before finetune.freeze_epochs): only the head's parameters require gradients, so
+- `all`: the whole model, as the guide trains it; its BatchNorm layers as `finetune.bn` says
+  (engine/batchnorm.py: batch statistics, or the running ones kept).
+- `head` (epochs before finetune.freeze_epochs, or every epoch with finetune.body_lr_mult=0: a body at
+  rate 0 is a frozen body): only the head's parameters require gradients, so
   autograd computes none for the body and auxiliary heads (no activations kept for their backward),
   and the model runs in eval mode but for the head: BatchNorm keeps and uses its running statistics and
   dropout in the body is off. A frozen body that still updated its BatchNorm statistics would not be
@@ -22,21 +24,15 @@ gradient, so the optimizer leaves it, its weight decay and its state untouched u
 
 from __future__ import annotations
 
-import copy
-import functools
 import gc
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
 from torch import nn
-from torch.utils.data import Subset
-from tqdm import tqdm
 
-from inceptionlab.data.loading.loaders import make_loader
+from inceptionlab.engine import batchnorm
 from inceptionlab.engine import features as feature_cache
-from inceptionlab.engine.distributed import barrier
 from inceptionlab.engine.loop import StepSettings
 
 if TYPE_CHECKING:
@@ -56,10 +52,6 @@ class Stage:
     view: Callable[[nn.Module], nn.Module]  # a whole model (raw or averaged) -> what evaluation calls
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
-
-
 class Stages:
     """The stage of each epoch, built when the epoch needs a different one than the last."""
 
@@ -76,9 +68,15 @@ class Stages:
         return {"seconds": round(f.seconds, 3), "images_computed": f.images, "loaded_from_cache": f.loaded,
                 "train": len(f.train), "val": len(f.val), "dim": int(f.train.inputs.shape[1]), "cache": str(f.cached)}
 
+    @property
+    def head_epochs(self) -> int:
+        """Epochs that train the head alone: all of them with the body at rate 0, else the freeze's."""
+        tune, epochs = self.s.recipe.finetune, self.s.recipe.train.epochs
+        return epochs if tune.body_lr_mult == 0 else min(tune.freeze_epochs, epochs)
+
     def kind(self, epoch: int) -> str:
         s = self.s
-        if epoch >= s.recipe.finetune.freeze_epochs:
+        if epoch >= self.head_epochs:
             return "all"
         wanted = s.recipe.finetune.feature_cache
         return "head-features" if wanted is not False and self._exact is not False else "head"
@@ -112,16 +110,33 @@ class Stages:
         self._release()
         self._set_trainable(kind)
         runner = self.wrap(s.model)
-        if kind == "head":
-            self.say(f"epochs 1-{s.recipe.finetune.freeze_epochs}: the head ({', '.join(s.parts.head_modules)}) "
-                     "trains alone; the body is frozen (no gradients, BatchNorm statistics kept, eval mode)")
-        elif s.recipe.finetune.freeze_epochs:
-            self.say(f"epoch {s.recipe.finetune.freeze_epochs + 1}: the whole model trains from here")
+        self._say_stage(kind)
         return Stage(kind, runner, s.train_loader, s.val_loader, s.settings, self._train_mode(kind), _whole)
+
+    def _say_stage(self, kind: str) -> None:
+        """The stage's policy, stated: what trains, what is frozen, what BatchNorm does."""
+        s, tune = self.s, self.s.recipe.finetune
+        if kind == "head" and tune.body_lr_mult == 0:
+            self.say(f"epochs 1-{self.head_epochs}: the head ({', '.join(s.parts.head_modules)}) trains alone; "
+                     "the body is frozen for the whole run (finetune.body_lr_mult=0: no gradients, BatchNorm "
+                     "statistics kept, eval mode)")
+        elif kind == "head":
+            self.say(f"epochs 1-{self.head_epochs}: the head ({', '.join(s.parts.head_modules)}) trains alone; "
+                     "the body is frozen (no gradients, BatchNorm statistics kept, eval mode)")
+        elif tune.freeze_epochs or (tune.bn != "train" and batchnorm.has_batchnorm(s.model)):
+            where = f"epoch {tune.freeze_epochs + 1}: the whole model trains from here" if tune.freeze_epochs else \
+                "the whole model trains"
+            self.say(where + (f" ({batchnorm.describe(tune.bn)})" if batchnorm.has_batchnorm(s.model) else ""))
 
     def _train_mode(self, kind: str) -> Callable[[nn.Module], Any]:
         if kind == "all":
-            return nn.Module.train
+            policy, apart = self.s.recipe.finetune.bn, (*self.s.parts.head_modules, *self.s.parts.aux_modules)
+
+            def whole(runner: nn.Module) -> None:
+                runner.train()
+                batchnorm.apply_policy(policy, self.s.model, apart)
+
+            return whole
         heads = [self.s.model.get_submodule(name) for name in self.s.parts.head_modules]
 
         def head_only(runner: nn.Module) -> None:
@@ -135,24 +150,22 @@ class Stages:
         s = self.s
         head_name = s.parts.head_modules[0]
         if self.features is None:
-            if not feature_cache.head_is_exact(s.model, s.model.get_submodule(head_name), _probe_input(s)):
-                self._exact = False  # the same answer on every rank: the probe is the same everywhere
-                self.say(f"features: not used ({head_name} of {s.recipe.model.name} does not make the model's "
-                         "output from what enters it): the head trains through the frozen body")
+            if feature_cache.exact_head(s) is None:
+                self._exact = False
+                self.say(feature_cache.not_used_line(s))
                 return None
             self._exact = True
-            self.features = compute_features(s, head_name)
-            self.say(describe_cost(self.features, s.recipe.finetune.freeze_epochs, s.recipe.train.epochs))
+            self.features = feature_cache.compute_features(s, head_name)
+            self.say(feature_cache.describe_cost(self.features, self.head_epochs))
         self._release()
         self._set_trainable("head")
+        self._say_stage("head")
         head = s.model.get_submodule(head_name)
         runner = head if not s.dist.enabled else nn.parallel.DistributedDataParallel(
             head, device_ids=[s.device.index] if s.device.type == "cuda" else None)
-        train_loader, val_loader = feature_loaders(s, self.features)
-        # Features are vectors, not images: no MixUp/CutMix on them (the head-only epochs on cached features
-        # train without mixing, as they train without per-image augmentation).
-        settings = replace(s.settings, prepare=_identity, micro_batch=None, mix=None)
-        return Stage("head-features", runner, train_loader, val_loader, settings, nn.Module.train,
+        train_loader, val_loader = feature_cache.feature_loaders(s, self.features)
+        return Stage("head-features", runner, train_loader, val_loader, feature_cache.feature_settings(s),
+                     nn.Module.train,
                      lambda model: model.get_submodule(head_name))
 
 
@@ -160,92 +173,3 @@ def _whole(model: nn.Module) -> nn.Module:
     return model
 
 
-def _probe_input(s: TrainingSession) -> torch.Tensor:
-    """Two inputs of the model's shape from a private generator (the run's RNG stream is untouched)."""
-    generator = torch.Generator().manual_seed(0)
-    if s.spec.input_kind == "tokens":
-        return torch.randint(0, 2, (2, *s.spec.input_shape), generator=generator).to(s.device)
-    return torch.randn(2, *s.spec.input_shape, generator=generator).to(s.device)
-
-
-def feature_loaders(s: TrainingSession, features: feature_cache.Features) -> tuple[Any, Any]:
-    common = dict(seed=s.recipe.train.seed, num_workers=0, rank=s.dist.rank, world_size=s.dist.world_size,
-                  device=s.device, mode="resident")
-    train = make_loader(features.train, batch_size=s.recipe.train.batch_size, train=True, weights=s.sample_weights,
-                        **common)
-    val = make_loader(features.val, batch_size=s.recipe.train.eval_batch_size or 2 * s.recipe.train.batch_size,
-                      train=False, **common)
-    return train, val
-
-
-def compute_features(s: TrainingSession, head_name: str) -> feature_cache.Features:
-    """Both splits' features: from the cache, or computed (rank 0 computes, the others then read)."""
-    head = s.model.get_submodule(head_name)
-    key_parts = {"arch": s.spec.arch, "arch_kwargs": s.spec.arch_kwargs, "head": head_name,
-                 "body": feature_cache.body_digest(s.model, head_name),
-                 "preprocessing": [s.spec.resize_size, s.spec.crop_size, s.spec.interpolation, s.spec.mean,
-                                   s.spec.std, s.spec.channels, s.recipe.data.cache_size, s.recipe.data.loader],
-                 "precision": s.recipe.train.precision, "channels_last": bool(s.recipe.train.channels_last)}
-    start_rng = torch.random.get_rng_state()
-    splits, seconds, images, loaded, where = {}, 0.0, 0, True, None
-    for name, dataset in (("train", s.train_set), ("val", s.val_set)):
-        key = feature_cache.feature_key({**key_parts, "split": name}, dataset)
-        folder = feature_cache.cache_folder(dataset)
-        where = folder
-        compute = _extractor(s, head, dataset)
-        if not s.dist.is_main:
-            barrier(s.dist)  # rank 0 writes the cache first
-        (split, was_cached, count), took = feature_cache.timed(
-            functools.partial(feature_cache.load_or_extract, key, folder, compute, list(s.spec.class_names)))
-        if s.dist.is_main:
-            barrier(s.dist)
-        splits[name] = split
-        seconds, images, loaded = seconds + took, images + count, loaded and was_cached
-    torch.random.set_rng_state(start_rng)  # the eval loaders draw nothing, but keep the run's stream exact
-    return feature_cache.Features(splits["train"], splits["val"], seconds, images, where, loaded)
-
-
-def _extractor(s: TrainingSession, head: nn.Module, dataset: Any) -> Callable[[], Any]:
-    def compute() -> tuple[torch.Tensor, torch.Tensor]:
-        loader = make_loader(_eval_view(dataset, s), batch_size=s.recipe.train.eval_batch_size or
-                             2 * s.recipe.train.batch_size, train=False, seed=s.recipe.train.seed,
-                             num_workers=s.recipe.data.num_workers, device=s.device, mode=s.recipe.data.loader,
-                             images=s.image_options)
-        prepare = s.settings.prepare
-        return feature_cache.extract(s.model, head, _progress(loader, s), prepare, s.device, s.recipe.train.precision)
-
-    return compute
-
-
-def _progress(loader: Any, s: TrainingSession) -> Any:
-    """Batches with a progress bar on rank 0 when a terminal shows it."""
-    # disable=None: no bar where stderr is not a terminal (logs, tests), as the run's own bars.
-    return tqdm(loader, total=len(loader), desc="features", disable=None if s.dist.is_main else True, leave=False,
-                unit="batch")
-
-
-def _eval_view(dataset: Any, s: TrainingSession) -> Any:
-    """The split with the eval transform (the worker path applies a dataset's own transform)."""
-    if isinstance(dataset, Subset):
-        inner = copy.copy(dataset.dataset)
-        inner.transform = s.val_set_transform
-        return Subset(inner, dataset.indices)
-    if hasattr(dataset, "transform"):
-        view = copy.copy(dataset)
-        view.transform = s.val_set_transform
-        return view
-    return dataset
-
-
-def describe_cost(features: feature_cache.Features, freeze_epochs: int, epochs: int) -> str:
-    head_epochs = min(freeze_epochs, epochs)
-    total = len(features.train) + len(features.val)
-    if features.loaded:
-        return (f"features: {len(features.train):,} train + {len(features.val):,} val vectors of "
-                f"{features.train.inputs.shape[1]} read from {features.cached} in {features.seconds:.1f} s; "
-                f"head-only epochs ({head_epochs}) push no image through the body")
-    rate = features.images / max(features.seconds, 1e-9)
-    saved = (head_epochs - 1) * total / max(rate, 1e-9)
-    return (f"features: {features.images:,} images through the frozen body once in {features.seconds:.1f} s "
-            f"({rate:.0f} img/s), cached in {features.cached}; head-only epochs ({head_epochs}) train on them: "
-            f"about {saved:.0f} s of forward passes saved against images through the body every epoch")

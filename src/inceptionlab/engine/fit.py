@@ -2,10 +2,17 @@
 
 Between epochs: evaluation, metrics rows, checkpoints (every epoch, atomic), best-model tracking,
 early stopping, resume, Ctrl-C and NaN handling. Files are written by `artifacts` (rank 0 only).
+
+A run that starts from weights measures where it starts: before its first step it validates them as
+epoch 0 (a metrics row, the output, a checkpoint), and that score competes for best.pt. It never keeps
+weights worse than that: when its last epoch scores below the start on train.best_metric, model.pt
+(and the test split's score, the plots) take best.pt's weights instead, and the run says so. A
+non-finite validation loss stops the run as diverged, as a non-finite training loss does.
 """
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from contextlib import contextmanager
@@ -17,18 +24,17 @@ from inceptionlab import hardware
 from inceptionlab.checkpoint import ResumePoint, RunDir, load_checkpoint, restore_training, rng_state
 from inceptionlab.config import Recipe
 from inceptionlab.engine.artifacts import NoArtifacts, RunArtifacts, open_artifacts
-from inceptionlab.engine.distributed import agree_at_log, broadcast_buffers, gather_from_all
+from inceptionlab.engine.distributed import agree_at_log, broadcast_buffers, broadcast_state, gather_from_all
 from inceptionlab.engine.finetune import Stage, Stages
 from inceptionlab.engine.loop import EpochResult, NonFiniteLoss, evaluate, train_one_epoch
-from inceptionlab.engine.report import Reporter, chain, epoch_line
+from inceptionlab.engine.optim import seek_schedule
+from inceptionlab.engine.report import Reporter, chain, epoch_line, start_line
 from inceptionlab.engine.resume import Change, apply_changes, refuse_finished, resume_changes
 from inceptionlab.engine.session import TrainingSession, build_training_session
 from inceptionlab.errors import UserError
+from inceptionlab.models.weights import read_state_dict
 
-# The keys of an epoch's metrics row: what train.best_metric may name (config checks it at load time).
-# With EMA on, val_* score the averaged weights (the ones the run keeps) and val_raw_* the trained ones.
-EPOCH_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_raw_loss", "val_raw_top1",
-                 "val_raw_top5")
+DIVERGED_ADVICE = "try a lower optim.lr, train.precision=fp32 or train.grad_clip_norm=1.0"
 
 
 class StopSignal:
@@ -77,6 +83,8 @@ class BestTracker:
     stale_epochs: int = 0
     min_delta: float = 0.0
     summary: dict[str, Any] | None = None  # the evaluation of the best epoch
+    start: float | None = None  # the starting weights' value (epoch 0), when the run validated them
+    last: float | None = None  # the last epoch's value
 
     @property
     def minimise(self) -> bool:
@@ -91,13 +99,24 @@ class BestTracker:
             self.value, self.epoch, self.stale_epochs, self.summary = value, epoch, 0, summary
         else:
             self.stale_epochs += 1
+        if epoch == 0:
+            self.start = value
+        self.last = value
         return better
 
+    def worse_than_start(self) -> bool:
+        """The last epoch scored below the starting weights (strictly, without min_delta)."""
+        if self.start is None or self.last is None:
+            return False
+        return self.last > self.start if self.minimise else self.last < self.start
+
     def state(self) -> dict[str, Any]:
-        return {"value": self.value, "epoch": self.epoch, "stale_epochs": self.stale_epochs}
+        return {"value": self.value, "epoch": self.epoch, "stale_epochs": self.stale_epochs, "start": self.start,
+                "last": self.last}
 
     def load(self, point: ResumePoint) -> None:
         self.value, self.epoch, self.stale_epochs = point.best["value"], point.best["epoch"], point.best["stale_epochs"]
+        self.start, self.last = point.best.get("start"), point.best.get("last")
         self.summary = point.best_summary
 
     def point(self, epoch: int, step: int) -> ResumePoint:
@@ -164,6 +183,8 @@ def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, pro
     r.stages = Stages(s, s.wrap, r.report.say)
     try:
         start = _start(r, resumed)
+        if resumed is None and s.pretrained is not None:
+            _validate_start(r, r.stages.for_epoch(0))
     except KeyboardInterrupt:
         # The first batch is drawn here (plots/samples.png): with workers or a big folder this is where
         # the data is decoded, before Ctrl-C requests a clean stop (the handler below is not set yet).
@@ -214,6 +235,8 @@ def _train_epoch(r: _Run, epoch: int, first_step: int, stage: Stage) -> tuple[Ep
     steps_in_epoch = first_step + len(stage.train_loader)
     loader = _governed(r.report.wrap(stage.train_loader, epoch + 1, epochs, first_step), s.threads)
     log = chain(r.report.on_log(epoch + 1, epochs, steps_in_epoch), r.on_log)
+    # The schedule counts the image loader's steps; this epoch's loader may have another count (engine/optim.py).
+    seek_schedule(s.scheduler, epoch * s.steps_per_epoch + first_step)
     r.lr = _rates(s)
     try:
         return train_one_epoch(stage.runner, loader, s.task, s.optimizer, s.scaler, stage.settings,
@@ -221,17 +244,18 @@ def _train_epoch(r: _Run, epoch: int, first_step: int, stage: Stage) -> tuple[Ep
                                agree=lambda loss: agree_at_log(loss, r.stop.requested, s.dist, s.device),
                                after_step=s.after_step, train_mode=stage.train_mode, epoch=epoch), steps_in_epoch
     except NonFiniteLoss as exc:
-        last = r.artifacts.run.last
-        kept = (f"kept the last good checkpoint, {last}" if last.is_file() else
-                "no checkpoint was saved (that happens at the end of each epoch)")
-        r.artifacts.record(_summary(r, "diverged", 0.0))
-        raise UserError(
-            f"training diverged in epoch {epoch + 1}: {exc}; {kept}; "
-            "try a lower optim.lr, train.precision=fp32 or train.grad_clip_norm=1.0",
-            exit_code=3,
-        ) from None
+        raise _diverged(r, f"training diverged in epoch {epoch + 1}: {exc}") from None
     finally:
         r.report.close_bar()
+
+
+def _diverged(r: _Run, what: str, advice: str = DIVERGED_ADVICE) -> UserError:
+    """A NaN or infinite loss (training or validation): record the run as diverged, say what is kept."""
+    last = r.artifacts.run.last
+    kept = (f"kept the last good checkpoint, {last}" if last.is_file() else
+            "no checkpoint was saved (that happens at the end of each epoch)")
+    r.artifacts.record(_summary(r, "diverged", 0.0))
+    return UserError(f"{what}; {kept}; {advice}", exit_code=3)
 
 
 def _governed(batches: Iterator[Any], governor: hardware.ThreadGovernor | None) -> Iterator[Any]:
@@ -272,12 +296,47 @@ def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> None:
     if s.ema is not None:  # the averaged weights are the run's; the trained ones are scored beside them
         broadcast_buffers(s.ema.module, s.dist)  # every rank scores and keeps rank 0's average
         raw, val = val, evaluate(stage.view(s.ema.module), stage.val_loader, s.task, stage.settings)
+    _check_finite(r, epoch, val, raw)
     row = _epoch_row(epoch, s, result, val, r.lr or {}, raw)
-    r.last = _eval_summary(epoch, s, val)
-    improved = r.best.update(float(row[r.best.metric]), epoch, r.last)  # a valid key: engine/choices.py
-    r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
+    _record(r, epoch, row, val)
     unit = "img/s" if s.spec.input_kind == "image" else "samples/s"  # metrics.jsonl keeps its images_per_s key
     r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped + s.val_loader.skipped, unit))
+
+
+def _validate_start(r: _Run, stage: Stage) -> None:
+    """Epoch 0: the starting weights scored before the first step, recorded as an epoch is, competing for
+    best.pt. The average (EMA) is a copy of them here, so it is scored once and stands for both."""
+    s = r.s
+    model = s.inference_model()
+    val = evaluate(stage.view(model) if stage.name == "head-features" else model, stage.val_loader, s.task,
+                   stage.settings)
+    _check_finite(r, 0, val, None)
+    row = _start_row(s, val)
+    _record(r, 0, row, val)
+    r.report.say(start_line(row, s.recipe.train.epochs))
+
+
+def _record(r: _Run, epoch: int, row: dict[str, Any], val: dict[str, Any]) -> None:
+    """The epoch's row, its best tracking (when the row holds the metric: epoch 0 has no training figures),
+    last.pt and best.pt, confusion.csv."""
+    s = r.s
+    r.last = _eval_summary(epoch, s, val)
+    metric = r.best.metric
+    improved = metric in row and r.best.update(float(row[metric]), epoch, r.last)  # a valid key: engine/choices.py
+    r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
+
+
+def _check_finite(r: _Run, epoch: int, val: dict[str, Any], raw: dict[str, Any] | None) -> None:
+    """A NaN or infinite validation loss (of the average or of the trained weights) stops the run as diverged,
+    before the epoch is recorded: last.pt stays the last good one."""
+    bad = next((scored["loss"] for scored in (val, raw) if scored is not None and not math.isfinite(scored["loss"])),
+               None)
+    if bad is None:
+        return
+    if epoch == 0:
+        raise _diverged(r, f"the starting weights (model.weights={r.s.recipe.model.weights}) score a validation loss "
+                           f"of {bad}", "check that the file holds this model's trained weights")
+    raise _diverged(r, f"training diverged in epoch {epoch}: the validation loss after epoch {epoch} is {bad}")
 
 
 def _resume_point(r: _Run, epoch: int, step: int) -> ResumePoint:
@@ -299,14 +358,33 @@ def _should_end(r: _Run, epoch: int, result: EpochResult) -> bool:
 
 
 def _finish(r: _Run, seconds: float) -> dict[str, Any]:
-    """Score the test split (all ranks: evaluation all-reduces), then write summary.json and plots (rank 0)."""
-    s, test = r.s, None
+    """Keep the weights the run ends with (never worse than its start), score the test split with them (all
+    ranks: evaluation all-reduces), then write model.pt, summary.json and plots (rank 0)."""
+    s, test, kept = r.s, None, {}
+    if r.status != "interrupted":
+        kept = {"model_epoch": _kept_epoch(r)}
     if r.status != "interrupted" and s.test_loader is not None:
         scored = evaluate(s.inference_model(), s.test_loader, s.task, s.settings)
         test = {**_eval_summary(0, s, scored), "samples": scored["samples"]}  # once, at the end: the test split
         test.pop("epoch")
-    summary = {**_summary(r, r.status, seconds), **({"test": test} if test else {})}
+    summary = {**_summary(r, r.status, seconds), **kept, **({"test": test} if test else {})}
     return r.artifacts.finish(s, summary)
+
+
+def _kept_epoch(r: _Run) -> int | None:
+    """The epoch whose weights the run keeps: the last, unless it scored below the starting weights; then the
+    best epoch's (best.pt, the start among the candidates), loaded into the model the run saves and said."""
+    s, best = r.s, r.best
+    last_epoch = r.last["epoch"] if r.last else None
+    if not best.worse_than_start() or best.epoch is None or best.epoch == last_epoch:
+        return last_epoch
+    if s.dist.is_main:
+        s.inference_model().load_state_dict(read_state_dict(r.artifacts.run.best)[0])
+    broadcast_state(s.inference_model(), s.dist)  # every rank scores the test split with rank 0's file
+    metric = best.metric
+    r.report.say(f"model.pt: the weights of epoch {best.epoch} ({metric} {best.value:.4f}), not the last epoch's "
+                 f"({best.last:.4f}), which scored below the starting weights ({best.start:.4f} at epoch 0)")
+    return best.epoch
 
 
 def _interrupted_early(r: _Run, when: str) -> UserError:
@@ -355,6 +433,14 @@ def _epoch_row(epoch: int, s: TrainingSession, result: EpochResult, val: dict[st
         "samples": result.samples * s.dist.world_size,  # padded shards repeat a few train samples
         "val_samples": val["samples"],  # unpadded shards: every val image exactly once
     }
+
+
+def _start_row(s: TrainingSession, val: dict[str, Any]) -> dict[str, Any]:
+    """Epoch 0's metrics row: the starting weights' validation, no training figures. With EMA the average is
+    a copy of the weights at this point: val_raw_* are the same numbers (so either may pick best.pt)."""
+    scores = {"val_loss": val["loss"], "val_top1": val["top1"], **({"val_top5": val["top5"]} if "top5" in val else {})}
+    raw = {key.replace("val_", "val_raw_"): value for key, value in scores.items()} if s.ema is not None else {}
+    return {"epoch": 0, **scores, **raw, "val_seconds": val["seconds"], "val_samples": val["samples"]}
 
 
 def _eval_summary(epoch: int, s: TrainingSession, val: dict[str, Any]) -> dict[str, Any]:

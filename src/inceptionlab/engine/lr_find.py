@@ -4,7 +4,10 @@ From a run's starting weights, train a few steps with the rate rising exponentia
 `end`, one rate per step, and record the loss. Two tests, because the head and the body want different
 rates:
 
-- **head**: the body frozen as in the head-only epochs (engine/finetune.py), only the head trains;
+- **head**: the body frozen as in the head-only epochs (engine/finetune.py), only the head trains, on
+  the same data path: the body's features computed once and cached (engine/features.py), so each step
+  is the head's alone and the run that follows reads them from the cache; through the frozen body
+  when the model's head cannot be split off exactly or finetune.feature_cache=false;
 - **body**: the whole model at one rate.
 
 The loss is smoothed as fastai and Lightning do (an exponential moving average with beta 0.98,
@@ -34,7 +37,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from inceptionlab.engine.loop import train_step
+from inceptionlab.engine import features as feature_cache
+from inceptionlab.engine.loop import StepSettings, train_step
 from inceptionlab.engine.optim import build_optimizer
 
 if TYPE_CHECKING:
@@ -122,45 +126,76 @@ def suggest(lrs: list[float], smoothed: list[float]) -> float | None:
     return float(lrs[begin + 1 + index]) if slopes[index] < 0 else None
 
 
-def _batches(s: TrainingSession) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     epoch = 0
     while True:
-        s.train_loader.set_epoch(epoch)
-        yield from s.train_loader
+        loader.set_epoch(epoch)
+        yield from loader
         epoch += 1
 
 
+@dataclass
+class _DataPath:
+    """What one part's steps call, on what batches, with which settings, entering which mode."""
+
+    runner: torch.nn.Module
+    loader: Any
+    settings: StepSettings
+    train_mode: Callable[[torch.nn.Module], Any]
+
+
+def _data_path(s: TrainingSession, part: str, say: Callable[[str], None]) -> _DataPath:
+    """The head-only epochs' path for the head (cached features when exact and allowed, else through the
+    frozen body: eval mode, statistics kept); the whole model on images for the body."""
+    if part == "head" and s.recipe.finetune.feature_cache is not False:
+        head_name = feature_cache.exact_head(s)
+        if head_name is None:
+            say(feature_cache.not_used_line(s))
+        else:
+            cached = feature_cache.compute_features(s, head_name)
+            say(feature_cache.describe_range_test(cached))
+            head = s.model.get_submodule(head_name)
+            train, _ = feature_cache.feature_loaders(s, cached)
+            return _DataPath(s.wrap(head), train, feature_cache.feature_settings(s), torch.nn.Module.train)
+    if part == "body":
+        return _DataPath(s.wrap(s.model), s.train_loader, s.settings, torch.nn.Module.train)
+    heads = [s.model.get_submodule(n) for n in s.parts.head_modules]
+
+    def head_only(runner: torch.nn.Module) -> None:  # the frozen body's policy: eval mode, statistics kept
+        runner.eval()
+        for module in heads:
+            module.train()
+
+    return _DataPath(s.wrap(s.model), s.train_loader, s.settings, head_only)
+
+
 def session_range_test(s: TrainingSession, part: str, lrs: list[float],
-                       progress: Callable[[Any], Any] = lambda it: it) -> RangeTest:
+                       progress: Callable[[Any], Any] = lambda it: it,
+                       say: Callable[[str], None] = lambda line: None) -> RangeTest:
     """The range test of one part (head: body frozen; body: the whole model) on the session's model."""
     head = set(s.parts.head)
     for name, param in s.model.named_parameters():
         param.requires_grad_(part == "body" or name in head)
-    runner = s.wrap(s.model)
-    heads = [s.model.get_submodule(n) for n in s.parts.head_modules]
+    path = _data_path(s, part, say)
     trainable = [p for p in s.model.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, replace(s.recipe.optim, lr=lrs[0]))
     scaler = torch.amp.GradScaler(s.device.type, enabled=s.recipe.train.precision == "fp16")
-    batches = _batches(s)
+    batches = _batches(path.loader)
 
     def step(lr: float) -> float:
         for group in optimizer.param_groups:
             group["lr"] = lr
-        if part == "head":  # the frozen body's policy: eval mode, statistics kept
-            runner.eval()
-            for module in heads:
-                module.train()
-        else:
-            runner.train()
-        inputs, targets = s.settings.to_device(*next(batches))
-        loss, _ = train_step(runner, s.task, optimizer, scaler, s.settings, inputs, targets)
+        path.train_mode(path.runner)
+        inputs, targets = path.settings.to_device(*next(batches))
+        loss, _ = train_step(path.runner, s.task, optimizer, scaler, path.settings, inputs, targets)
         return float(loss)
 
     return range_test(step, lrs, part, progress)
 
 
 def find_learning_rates(s: TrainingSession, start: float = 1e-7, end: float = 10.0, steps: int = 100,
-                        progress: Callable[[Any], Any] = lambda it: it) -> dict[str, RangeTest]:
+                        progress: Callable[[Any], Any] = lambda it: it,
+                        say: Callable[[str], None] = lambda line: None) -> dict[str, RangeTest]:
     """Both range tests; the model, its statistics and the RNG streams are as before afterwards."""
     saved = copy.deepcopy(s.model.state_dict())
     devices = [s.device] if s.device.type == "cuda" else []
@@ -168,7 +203,7 @@ def find_learning_rates(s: TrainingSession, start: float = 1e-7, end: float = 10
     try:
         with torch.random.fork_rng(devices=devices):
             for part in ("head", "body"):
-                results[part] = session_range_test(s, part, rates(start, end, steps), progress)
+                results[part] = session_range_test(s, part, rates(start, end, steps), progress, say)
                 s.model.load_state_dict(saved)
     finally:
         s.model.load_state_dict(saved)

@@ -17,6 +17,10 @@ The schedule is one `LambdaLR` stepped after every optimizer step; each group's 
    (`warmup_per_step`, the references' default) or once per epoch;
 3. the main schedule, a function of the epoch as in the guide (steplr, cosine, constant), over the
    epochs after the warm-up.
+
+The step counts in the image loader's steps per epoch; `fit` places the schedule at epoch x that count
+at each epoch's start (`seek_schedule`), because an epoch may run another loader: head-only epochs on
+cached features have as many steps as there are readable images, the image loader as many as files.
 """
 
 from __future__ import annotations
@@ -196,3 +200,13 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, epoch
 
 def _for_part(factor: Callable[[int, str], float], part: str) -> Callable[[int], float]:
     return lambda step: factor(step, part)
+
+
+def seek_schedule(scheduler: lr_scheduler.LambdaLR, step: int) -> None:
+    """Place `scheduler` at global `step` (epoch x steps per epoch + steps done in it): every group's rate as
+    the schedule gives it there. Nothing changes when it is there already (an epoch of the image loader's
+    length, or a resumed run whose checkpoint holds the position)."""
+    if scheduler.last_epoch == step:
+        return
+    scheduler.last_epoch = step - 1
+    scheduler.step()  # LambdaLR's own step: the rates of `step`, and get_last_lr() with them

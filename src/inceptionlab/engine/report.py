@@ -47,6 +47,13 @@ class Reporter:
             self.bar = None
 
 
+# The keys of an epoch's metrics row: what train.best_metric may name (engine/choices.py checks it before
+# the run). With EMA on, val_* score the averaged weights (the ones the run keeps) and val_raw_* the
+# trained ones.
+EPOCH_METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_raw_loss", "val_raw_top1",
+                 "val_raw_top5")
+
+
 def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str], unit: str = "img/s") -> str:
     """The epoch's figures in one line; `unit` names what the throughput counts (samples/s for text)."""
     line = (
@@ -60,6 +67,12 @@ def epoch_line(row: dict[str, Any], epochs: int, skipped: list[str], unit: str =
     if skipped:
         line += f"  ({skipped_files_note(skipped)})"
     return line
+
+
+def start_line(row: dict[str, Any], epochs: int) -> str:
+    """Epoch 0: how the starting weights score before the first step."""
+    return (f"epoch 0/{epochs} (the starting weights)  val_loss {row['val_loss']:.4f}  val_top1 {row['val_top1']:.4f}"
+            + (f"  val_top5 {row['val_top5']:.4f}" if "val_top5" in row else "") + f"  {row['val_seconds']:.1f}s")
 
 
 SKIPPED_SHOWN = 3  # files named in an epoch line; summary.json's skipped_reasons has all of them

@@ -2,7 +2,8 @@
 
 Data (readers -> loaders, which choose the data path), the model (registry), its spec, the task
 (loss and metrics), optimizer, schedule and scaler, on the device `runtime.resolve_device` picks.
-`fit` then only runs epochs; nothing here writes files.
+`SessionBuilder` assembles it step by step and hands over a finished `TrainingSession`; the lines it
+prints are worded in `engine/notes.py`. `fit` then only runs epochs; nothing here writes files.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -18,16 +19,20 @@ import torch.distributed
 from torch import nn
 
 from inceptionlab import hardware
-from inceptionlab.config import DataConfig, Recipe, needed_cache_size
+from inceptionlab.config import Recipe
 from inceptionlab.data.loading.image_options import DeviceImageOptions
-from inceptionlab.data.loading.loaders import Loader, cap_samples, make_loader
-from inceptionlab.data.loading.sampler import balanced_sample_weights, class_counts, inverse_frequency, split_targets
+from inceptionlab.data.loading.loaders import Loader, cap_samples, device_bytes, make_loader
+from inceptionlab.data.loading.sampler import class_counts, draw_weights, inverse_frequency, split_targets
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
 from inceptionlab.engine.batch_size import resolve_batch_sizes
+from inceptionlab.engine.choices import check_recipe
 from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed, normaliser_over_ranks
 from inceptionlab.engine.ema import ModelEma
 from inceptionlab.engine.loop import StepSettings
+from inceptionlab.engine.notes import (RANDOM_INIT, cache_size_notes, from_scratch_recipe, from_scratch_warning,
+                                      imbalance_notes, optimizer_notes, random_body_freeze_skipped,
+                                      random_body_probe_refused, speed_warnings)
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
 from inceptionlab.engine.speed import RunShape, resolve_speed_settings
 from inceptionlab.engine.task import make_task
@@ -40,14 +45,13 @@ from inceptionlab.runtime import resolve_device, seed_everything
 
 @dataclass
 class TrainingSession:
-    """Everything a run needs, built once from the recipe."""
+    """Everything a run needs, finished: built once from the recipe by `SessionBuilder`."""
 
-    recipe: Recipe
+    recipe: Recipe  # as resolved: preprocessing from the weights, `auto` sizes found
     dist: DistInfo
     device: torch.device
     spec: ModelSpec
-    model: nn.Module  # the plain module (its state_dict is what we save)
-    runner: nn.Module  # what we call: maybe DDP- and/or compile-wrapped
+    model: nn.Module  # the plain module (its state_dict is what we save); each stage wraps it (engine/finetune.py)
     task: Any
     optimizer: torch.optim.Optimizer
     scheduler: Any
@@ -55,20 +59,23 @@ class TrainingSession:
     train_loader: Loader
     val_loader: Loader
     settings: StepSettings
-    notes: list[str] = field(default_factory=list)
-    splits: Any = None
-    test_loader: Loader | None = None
-    speed: hardware.Decision | None = None  # what `auto` chose for precision, memory format and compile
-    threads: hardware.ThreadGovernor | None = None
-    weights_notes: list[str] = field(default_factory=list)  # the notes saying where a new run's weights come
-    # from (among `notes`): a resumed run's come from its checkpoint, and it says so instead
-    parts: ModelParts | None = None  # head, auxiliary heads, body (models/parts.py)
-    ema: ModelEma | None = None  # the weights' average, when ema.decay is set
-    train_set: Any = None  # the (capped) splits the loaders serve, for the frozen-body features
-    val_set: Any = None
-    val_set_transform: Any = None  # the eval view of an image (the spec's), for those features
-    image_options: DeviceImageOptions | None = None
-    sample_weights: torch.Tensor | None = None  # data.sampler=balanced: per training sample
+    notes: list[str]
+    splits: Any
+    test_loader: Loader | None
+    speed: hardware.Decision | None  # what `auto` chose for precision, memory format and compile
+    threads: hardware.ThreadGovernor | None
+    # The notes saying where a new run's weights come from (among `notes`): a resumed run's come from its
+    # checkpoint, and it says so instead.
+    weights_notes: list[str]
+    parts: ModelParts  # head, auxiliary heads, body (models/parts.py)
+    ema: ModelEma | None  # the weights' average, when ema.decay is set
+    train_set: Any  # the (capped) splits the loaders serve, for the frozen-body features
+    val_set: Any
+    val_set_transform: Any  # the eval view of an image (the spec's), for those features
+    image_options: DeviceImageOptions | None
+    sample_weights: torch.Tensor | None  # data.sampler=balanced: per training sample
+    steps_per_epoch: int  # the schedule's unit: the image loader's steps in a whole epoch
+    pretrained: str | None  # what the starting weights are (imagenet, a file, a run), None: random init
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -96,65 +103,154 @@ class TrainingSession:
 
 
 def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> TrainingSession:
-    """Everything a run needs. `auto` speed settings are decided here, after the model exists and
-    before the loaders (whose augmentation dtype and layout follow the decision) are built."""
-    # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
-    recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
-    _check_augment(recipe)
-    dist = init_distributed(_device_type(recipe.train.device))
-    device = resolve_device(recipe.train.device, dist.local_rank if dist.enabled else None)
-    threads = start_threads(recipe.train.threads, dist, device, recipe.train.deterministic)
-    seed_everything(recipe.train.seed + dist.rank, recipe.train.deterministic)
-    splits, train_set, val_set = _read_data(recipe)
-    num_classes = _num_classes(recipe, splits)
-    normalisation = (recipe.data.mean, recipe.data.std) if recipe.data.mean is not None else None
-    built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
-                        list(splits.class_names), normalisation=normalisation,
-                        **{**recipe.model.kwargs, **splits.model_kwargs})
-    targets = split_targets(train_set)
-    task = make_task(recipe.task, num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight,
-                     _class_weights(recipe, targets, num_classes, device))
-    shape = _run_shape(recipe, splits, num_classes, len(train_set), dist)
-    recipe, speed = resolve_speed_settings(recipe, built.model, task, device, shape, broadcast=_broadcaster(dist),
-                                           fresh=fresh_speed, is_main=dist.is_main)
-    recipe, found_batch_notes = resolve_batch_sizes(recipe, built.model, task, device, shape,
-                                                    broadcast=_broadcaster_of(dist))
-    recipe, fitted_batch_notes = fit_batch_to_split(recipe, len(train_set), dist.world_size)  # after `auto` is found
-    batch_notes = [*found_batch_notes, *fitted_batch_notes]
-    sample_weights = _sample_weights(recipe, targets, num_classes)
-    train_loader, val_loader, test_loader = _build_loaders(recipe, splits, train_set, val_set, dist, device,
-                                                           sample_weights)
-    model = place_model(built.model, recipe, device)
-    broadcast_state(model, dist)  # every rank starts from rank 0's weights, whatever the first stage wraps
-    parts = model_parts(model, num_classes)
-    # The whole model's wrapper now only when the first epochs train it all (engine/finetune.py builds the rest).
-    runner = wrap_model(model, recipe, dist, device) if recipe.finetune.freeze_epochs == 0 else model
-    optimizer = build_optimizer(model, recipe.optim, parts=parts, finetune=recipe.finetune)
-    scheduler = build_scheduler(optimizer, recipe.schedule, recipe.train.epochs, steps_per_epoch=len(train_loader),
-                                freeze_epochs=recipe.finetune.freeze_epochs, lr=recipe.optim.lr)
-    scaler = torch.amp.GradScaler(device.type, enabled=recipe.train.precision == "fp16")
-    ema = ModelEma(model, recipe.ema) if recipe.ema.enabled else None
-    spec = _make_spec(recipe, splits, num_classes, built.arch_kwargs)
-    prepare = input_preparation(spec, recipe.train.channels_last, device)
-    if any(loader.yields_normalised for loader in (train_loader, val_loader)):
-        prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
-    settings = StepSettings(device, recipe.train.precision, prepare, recipe.train.grad_clip_norm, recipe.train.log_every,
-                            mix=_batch_mix(recipe, spec, num_classes, dist), micro_batch=_micro_batch(recipe),
-                            normaliser_over_ranks=normaliser_over_ranks(task, dist))
-    weights_notes = built.report or ["weights: random init (training from scratch)"]
-    notes = [*splits.notes, *weights_notes,
-             f"parameters: {parts.describe()}", *_optimizer_notes(recipe, optimizer), *batch_notes,
-             *(cache_size_notes(recipe.data) if recipe.data.reader in READERS else []),
-             *_imbalance_notes(recipe, task, targets, num_classes),
-             speed.line("speed settings"), *speed_warnings(recipe, device), threads.describe()]
-    session = TrainingSession(recipe, dist, device, spec, model, runner, task, optimizer, scheduler, scaler,
-                              train_loader, val_loader, settings, notes, splits, test_loader, speed, threads,
-                              list(weights_notes))
-    session.parts, session.ema, session.sample_weights = parts, ema, sample_weights
-    session.train_set, session.val_set, session.image_options = train_set, val_set, _device_image_options(recipe)
-    session.val_set_transform = getattr(val_set, "transform", None) or getattr(getattr(val_set, "dataset", None),
-                                                                              "transform", None)
-    return session
+    """Everything a run needs (see SessionBuilder for the order and why)."""
+    return SessionBuilder(recipe, fresh_speed=fresh_speed).build()
+
+
+class SessionBuilder:
+    """Assembles a TrainingSession, one step per method, each step using what the steps before it set.
+
+    The order is forced by what each part needs: the process group and device before anything is
+    placed; the data before the model (its classes size the head); the model and task before `auto`
+    speed settings and batch sizes (decided by timing and probing that model); those before the loaders
+    (whose batch, augmentation dtype and layout follow them); the loaders before the schedule (its
+    steps per epoch). The recipe the builder holds is updated as each `auto` is resolved, and the
+    finished session carries the resolved one (recipe.resolved.yaml)."""
+
+    def __init__(self, recipe: Recipe, *, fresh_speed: bool = False):
+        # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
+        self.recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
+        self.fresh_speed = fresh_speed
+        self.size_notes: list[str] = []
+
+    def build(self) -> TrainingSession:
+        check_recipe(self.recipe, self.recipe.name)  # every combination, before any data is read
+        self._start_process()
+        self._read_data()
+        self._build_model_and_task()
+        self._fine_tuning_policy()
+        self._resolve_sizes()
+        self._build_loaders()
+        self._build_optimisation()
+        return self._finish()
+
+    def _start_process(self) -> None:
+        """The process group, this rank's device, its CPU threads and its seed."""
+        train = self.recipe.train
+        self.dist = init_distributed(_device_type(train.device))
+        self.device = resolve_device(train.device, self.dist.local_rank if self.dist.enabled else None)
+        self.threads = start_threads(train.threads, self.dist, self.device, train.deterministic)
+        seed_everything(train.seed + self.dist.rank, train.deterministic)
+
+    def _read_data(self) -> None:
+        self.splits, self.train_set, self.val_set = _read_data(self.recipe)
+        self.num_classes = _num_classes(self.recipe, self.splits)
+        self.targets = split_targets(self.train_set)
+
+    def _build_model_and_task(self) -> None:
+        recipe = self.recipe
+        normalisation = (recipe.data.mean, recipe.data.std) if recipe.data.mean is not None else None
+        self.built = build_model(recipe.model.name, self.num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
+                                 list(self.splits.class_names), normalisation=normalisation,
+                                 **{**recipe.model.kwargs, **self.splits.model_kwargs})
+        self.task = make_task(recipe.task, self.num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight,
+                              _class_weights(recipe, self.targets, self.num_classes, self.device))
+
+    def _fine_tuning_policy(self) -> None:
+        """What fine-tuning does given where the weights come from. A random body is never frozen: the
+        head-only epochs are skipped (a linear probe of one is refused); trained weights given to a recipe
+        written for training from scratch are warned about by name (fit validates them as epoch 0)."""
+        recipe, self.policy_notes = self.recipe, []
+        freeze = recipe.finetune.freeze_epochs
+        probe = freeze >= recipe.train.epochs or recipe.finetune.body_lr_mult == 0  # the body never trains
+        if self.built.pretrained is None and probe:
+            raise UserError(random_body_probe_refused(recipe))
+        if self.built.pretrained is None and freeze:
+            self.policy_notes.append(random_body_freeze_skipped(recipe))
+            self.recipe = replace(recipe, finetune=replace(recipe.finetune, freeze_epochs=0))
+        elif self.built.pretrained is not None and from_scratch_recipe(recipe):
+            self.policy_notes.append(from_scratch_warning(recipe))
+
+    def _resolve_sizes(self) -> None:
+        """`auto` speed settings, then `auto` batch sizes, then the batch fitted to the split."""
+        recipe, dist = self.recipe, self.dist
+        shape = _run_shape(recipe, self.splits, self.num_classes, len(self.train_set), dist)
+        recipe, self.speed = resolve_speed_settings(recipe, self.built.model, self.task, self.device, shape,
+                                                    broadcast=_broadcaster(dist), fresh=self.fresh_speed,
+                                                    is_main=dist.is_main)
+        recipe, found = resolve_batch_sizes(recipe, self.built.model, self.task, self.device, shape,
+                                            broadcast=_broadcaster_of(dist),
+                                            reserved=lambda: self._kept_on_device(recipe))
+        self.recipe, fitted = fit_batch_to_split(recipe, len(self.train_set), dist.world_size)  # after `auto` is found
+        self.size_notes = [*found, *fitted]
+
+    def _kept_on_device(self, recipe: Recipe) -> dict[str, int]:
+        """Bytes the run will keep on its GPU beside a training step, placed after `auto` batch sizes are
+        probed: the loaders' resident data, the weights' average, DistributedDataParallel's gradient buckets
+        (one per trainable parameter's gradient). The probe's step holds the weights, gradients, optimizer
+        state and activations itself."""
+        model, options = self.built.model, _device_image_options(recipe)
+        data = sum(device_bytes(split, device=self.device, mode=recipe.data.loader, images=options,
+                                local_world_size=self.dist.local_world_size)
+                   for split in (self.train_set, self.val_set, self.splits.test) if split is not None)
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        gradients = sum(p.numel() * p.element_size() for p in model.parameters())
+        return {"the resident data": data, "the weights' average (EMA)": weights if recipe.ema.enabled else 0,
+                "DDP's gradient buckets": gradients if self.dist.enabled else 0}
+
+    def _build_loaders(self) -> None:
+        self.sample_weights = draw_weights(self.recipe.data.sampler, self.targets, self.num_classes,
+                                           self.recipe.data.balance_power)
+        self.train_loader, self.val_loader, self.test_loader = _build_loaders(
+            self.recipe, self.splits, self.train_set, self.val_set, self.dist, self.device, self.sample_weights)
+
+    def _build_optimisation(self) -> None:
+        """The model on the device (rank 0's weights on every rank), its parts, optimizer, schedule, scaler, EMA."""
+        recipe, dist = self.recipe, self.dist
+        self.model = place_model(self.built.model, recipe, self.device)
+        broadcast_state(self.model, dist)  # every rank starts from rank 0's weights, whatever the first stage wraps
+        self.parts = model_parts(self.model, self.num_classes)
+        self.optimizer = build_optimizer(self.model, recipe.optim, parts=self.parts, finetune=recipe.finetune)
+        self.steps_per_epoch = len(self.train_loader)  # before any set_epoch(start=...) shortens it
+        self.scheduler = build_scheduler(self.optimizer, recipe.schedule, recipe.train.epochs,
+                                         steps_per_epoch=self.steps_per_epoch,
+                                         freeze_epochs=recipe.finetune.freeze_epochs, lr=recipe.optim.lr)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=recipe.train.precision == "fp16")
+        self.ema = ModelEma(self.model, recipe.ema) if recipe.ema.enabled else None
+
+    def _step_settings(self, spec: ModelSpec) -> StepSettings:
+        recipe = self.recipe
+        prepare = input_preparation(spec, recipe.train.channels_last, self.device)
+        if any(loader.yields_normalised for loader in (self.train_loader, self.val_loader)):
+            prepare = pass_normalised(prepare)  # resident image batches arrive normalised; uint8 ones still get it
+        return StepSettings(self.device, recipe.train.precision, prepare, recipe.train.grad_clip_norm,
+                            recipe.train.log_every, mix=_batch_mix(recipe, spec, self.num_classes, self.dist),
+                            micro_batch=_micro_batch(recipe),
+                            normaliser_over_ranks=normaliser_over_ranks(self.task, self.dist))
+
+    def _notes(self, weights_notes: list[str]) -> list[str]:
+        recipe = self.recipe
+        return [*self.splits.notes, *weights_notes,
+                f"parameters: {self.parts.describe()}", *optimizer_notes(recipe, self.optimizer), *self.size_notes,
+                *(cache_size_notes(recipe.data) if recipe.data.reader in READERS else []),
+                *imbalance_notes(recipe, self.task, self.targets, self.num_classes),
+                self.speed.line("speed settings"), *speed_warnings(recipe, self.device), self.threads.describe()]
+
+    def _finish(self) -> TrainingSession:
+        spec = _make_spec(self.recipe, self.splits, self.num_classes, self.built.arch_kwargs)
+        settings = self._step_settings(spec)
+        weights_notes = [*(self.built.report or [RANDOM_INIT]), *self.policy_notes]
+        val_set_transform = getattr(self.val_set, "transform", None) or getattr(
+            getattr(self.val_set, "dataset", None), "transform", None)
+        return TrainingSession(
+            recipe=self.recipe, dist=self.dist, device=self.device, spec=spec, model=self.model,
+            task=self.task, optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler,
+            train_loader=self.train_loader, val_loader=self.val_loader, settings=settings,
+            notes=self._notes(weights_notes), splits=self.splits, test_loader=self.test_loader, speed=self.speed,
+            threads=self.threads, weights_notes=list(weights_notes), parts=self.parts, ema=self.ema,
+            train_set=self.train_set, val_set=self.val_set, val_set_transform=val_set_transform,
+            image_options=_device_image_options(self.recipe), sample_weights=self.sample_weights,
+            steps_per_epoch=self.steps_per_epoch, pretrained=self.built.pretrained)
 
 
 def _micro_batch(recipe: Recipe) -> int | None:
@@ -175,45 +271,6 @@ def _class_weights(recipe: Recipe, targets: torch.Tensor, num_classes: int, devi
     return weights.to(device=device, dtype=torch.float32)
 
 
-def _sample_weights(recipe: Recipe, targets: torch.Tensor, num_classes: int) -> torch.Tensor | None:
-    if recipe.data.sampler != "balanced":
-        return None
-    return balanced_sample_weights(targets, num_classes, recipe.data.balance_power)
-
-
-def _imbalance_notes(recipe: Recipe, task: Any, targets: torch.Tensor, num_classes: int) -> list[str]:
-    counts = class_counts(targets, num_classes)
-    present = counts[counts > 0]
-    notes = []
-    if len(present) and int(present.max()) > 2 * int(present.min()):
-        notes.append(f"classes: {int(present.min())} to {int(present.max())} training images per class"
-                     + ("" if recipe.data.sampler == "balanced" or recipe.train.class_weights is not None else
-                        " (imbalanced: see train.class_weights=auto or data.sampler=balanced)"))
-    weights = getattr(task, "class_weights", None)
-    if weights is not None:
-        notes.append(f"class weights: {float(weights.min()):.3g} to {float(weights.max()):.3g} (mean 1)"
-                     if recipe.train.class_weights == "auto" else "class weights: as listed in the recipe")
-    if recipe.data.sampler == "balanced":
-        power = recipe.data.balance_power
-        notes.append("sampler: balanced (" + ("every class drawn equally often" if power == 1 else
-                     f"class drawn in proportion to its count^{1 - power:g}") + ", as many draws per epoch as images)")
-    return notes
-
-
-def _optimizer_notes(recipe: Recipe, optimizer: torch.optim.Optimizer) -> list[str]:
-    groups = optimizer.param_groups
-    undecayed = sum(len(g["params"]) for g in groups if g["weight_decay"] == 0)
-    rates = sorted({round(g["lr_mult"], 6) for g in groups if g["part"] == "body"})
-    shown = f"body x{rates[0]:g}" if len(rates) == 1 else f"body x{rates[0]:.3g} .. x{rates[-1]:.3g} by layer"
-    decay = ("every parameter decays" if recipe.optim.decay_norm_and_bias else
-             f"{undecayed} norm and bias tensors without weight decay")
-    warm = recipe.schedule
-    warmup = (f"; warm-up {warm.warmup_epochs} epochs {'per step' if warm.warmup_per_step else 'per epoch'}"
-              if warm.warmup_epochs else "")
-    return [f"optimizer: {recipe.optim.name} lr {recipe.optim.lr:g} (head x1, {shown}), {len(groups)} groups; "
-            f"{decay}{warmup}"]
-
-
 def fit_batch_to_split(recipe: Recipe, train_size: int, world_size: int) -> tuple[Recipe, list[str]]:
     """The recipe with train.batch_size at most the training images per process, and what was changed.
 
@@ -231,29 +288,6 @@ def fit_batch_to_split(recipe: Recipe, train_size: int, world_size: int) -> tupl
     note = (f"the training split has {per_rank} training images per process, fewer than train.batch_size={batch}: "
             f"each epoch is one batch of {per_rank}")
     return replace(recipe, train=replace(recipe.train, batch_size=per_rank)), [note]
-
-
-def cache_size_notes(data: DataConfig) -> list[str]:
-    """A warning when data.cache_size keeps images smaller than the eval resize or the training crop
-    needs (validation would upsample what `evaluate` resizes from the file)."""
-    needed = needed_cache_size(data)
-    if data.cache_size is None or needed is None or data.cache_size >= needed:
-        return []
-    return [f"warning: data.cache_size={data.cache_size} keeps a photo's shorter side at {data.cache_size} px, "
-            f"below the {needed} px the model resizes to (data.val_resize_size, data.train_crop_size): validation "
-            f"upsamples such images and differs from `evaluate`; set data.cache_size=null (or {needed})"]
-
-
-def _check_augment(recipe: Recipe) -> None:
-    """Before any data is read: a policy or erasing needs per-image transforms (image folders have them,
-    array datasets not); MixUp/CutMix mix the targets of a multiclass task."""
-    if recipe.augment.per_image and recipe.data.reader not in READERS:
-        raise UserError(f"augment.policy and augment.random_erasing act on image folders; data.reader="
-                        f"{recipe.data.reader} is served as arrays without per-image transforms: "
-                        "set augment.policy=none and augment.random_erasing=0")
-    if recipe.augment.mixes and recipe.task != "multiclass":
-        raise UserError(f"augment.mixup_alpha and augment.cutmix_alpha mix the targets of a multiclass task, "
-                        f"not task={recipe.task}: set both to 0")
 
 
 def _batch_mix(recipe: Recipe, spec: ModelSpec, num_classes: int, dist: DistInfo) -> Any:
@@ -277,12 +311,6 @@ def start_threads(requested: int | None, dist: DistInfo, device: torch.device,
     # On a GPU the CPU threads only feed it: no governing, no re-sizing mid-run. A deterministic run keeps
     # its count too: a reduction split over 1 thread instead of 2 sums in another order (other weights).
     return hardware.ThreadGovernor(limit, fixed=fixed or deterministic or device.type != "cpu")
-
-
-def speed_warnings(recipe: Recipe, device: torch.device) -> list[str]:
-    """Said at once when a set precision can only be emulated on this device."""
-    warning = hardware.emulation_warning(hardware.device_facts(device), recipe.train.precision)
-    return [f"warning: {warning}"] if warning else []
 
 
 def _run_shape(recipe: Recipe, splits: Any, num_classes: int, train_size: int, dist: DistInfo) -> RunShape:

@@ -100,7 +100,7 @@ def load_or_build(samples: list[tuple[str, int]], split_root: Path, cache_size: 
     """
     tensor_path, manifest_path = cache_paths(split_root, cache_size, interpolation)
     manifest = {**split_manifest(samples, split_root, cache_size), "interpolation": interpolation}
-    with _one_at_a_time(tensor_path):
+    with one_at_a_time(tensor_path):
         cached = _load_if_current(tensor_path, manifest)
         if cached is not None or not build:
             return cached
@@ -114,9 +114,11 @@ def load_or_build(samples: list[tuple[str, int]], split_root: Path, cache_size: 
 
 
 @contextmanager
-def _one_at_a_time(tensor_path: Path) -> Iterator[None]:
+def one_at_a_time(tensor_path: Path) -> Iterator[None]:
     """An exclusive lock on `<cache>.lock` for the block (the OS drops it if the holder dies); no lock
-    where the folder cannot hold one: each process then decodes for itself, as before."""
+    where the folder cannot hold one: each process then builds the file for itself. The ranks of a
+    torchrun node that want one cache wait here, not in a collective with a timeout (NCCL's: 10 min):
+    the first builds and saves, the others load (engine/features.py uses it too)."""
     try:
         tensor_path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(tensor_path.with_suffix(".lock"), "a")

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from inceptionlab.data.loading.image_options import DeviceImageOptions
-from inceptionlab.data.loading.resident import ResidentLoader, resident_image_loader
+from inceptionlab.data.loading.resident import ResidentLoader, resident_image_bytes, resident_image_loader
 from inceptionlab.data.loading.sampler import EpochSampler
 from inceptionlab.data.loading.streamed import stream_image_loader
 from inceptionlab.data.loading.workers import worker_loader
@@ -62,6 +62,22 @@ def cap_samples(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
     if isinstance(dataset, ArraySplit):
         return ArraySplit(dataset.inputs[keep], dataset.targets[keep], dataset.class_names)
     return Subset(dataset, keep)
+
+
+def device_bytes(dataset: Sized, *, device: torch.device, mode: str = "auto", images: DeviceImageOptions | None = None,
+                 local_world_size: int = 1) -> int:
+    """Bytes a loader `make_loader` builds for `dataset` keeps on `device` (a GPU), known before it is built:
+    a resident image folder placed there, or an in-memory split; 0 on a CPU and for streamed or worker
+    batches. `train.batch_size=auto` probes before the loaders exist and keeps this much free for them."""
+    if device.type != "cuda":
+        return 0
+    if images is not None and mode != "workers":
+        if mode == "stream":
+            return 0
+        return resident_image_bytes(dataset, images, device, required=mode == "resident", sharers=local_world_size)
+    if isinstance(dataset, ArraySplit) and mode in ("auto", "resident"):
+        return sum(t.numel() * t.element_size() for t in (dataset.inputs, dataset.targets))
+    return 0
 
 
 def make_loader(

@@ -143,6 +143,21 @@ def placement(needed: int, device: torch.device, sharers: int = 1) -> torch.devi
     return None
 
 
+def resident_image_bytes(dataset: Any, options: DeviceImageOptions, device: torch.device, *, required: bool,
+                         sharers: int = 1) -> int:
+    """Bytes `resident_image_loader` would keep on `device` (a GPU) for `dataset`, decided as it decides, before
+    it runs: 0 for a split that is not an image folder, goes to host memory, or does not fit."""
+    found = image_folder_of(dataset)
+    if found is None or device.type != "cuda":
+        return 0
+    folder, indices = found
+    estimate = estimated_bytes(folder.samples, Path(folder.root), options.cache_size)
+    if not required and placement(estimate, device, sharers) is None:
+        return 0
+    served = estimate * len(indices) // max(1, len(folder.samples))  # the loader keeps its indices' images
+    return served if placement(served, device, sharers) == device else 0
+
+
 def resident_image_loader(
     dataset: Any,
     options: DeviceImageOptions,

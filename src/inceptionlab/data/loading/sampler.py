@@ -101,3 +101,10 @@ def inverse_frequency(counts: torch.Tensor, power: float) -> torch.Tensor:
 def balanced_sample_weights(targets: torch.Tensor, num_classes: int, power: float) -> torch.Tensor:
     """Per-sample draw weights n_class^-power: power 1 draws every class equally often in expectation."""
     return inverse_frequency(class_counts(targets, num_classes), power)[targets]
+
+
+def draw_weights(sampler: str, targets: torch.Tensor, num_classes: int, power: float) -> torch.Tensor | None:
+    """data.sampler's per-sample weights for the samples whose targets these are (None: plain shuffle).
+    Computed for the samples a loader really serves: cached features leave out the files that could not
+    be read, and their classes' counts are what the balance is of."""
+    return balanced_sample_weights(targets, num_classes, power) if sampler == "balanced" else None
