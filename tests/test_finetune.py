@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from helpers.page_examples import check_example
 import torch
 import torchvision
 from conftest import FAST, ONE_THREAD, make_image_folder
@@ -351,6 +352,8 @@ def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, im
     assert "model.pt: the weights of epoch 0" in out
     (warning,) = [line for line in out.splitlines() if line.startswith("warning: model.weights=")]
     assert all(key in warning for key in ("optim.lr=0.2", "schedule.warmup_epochs", "finetune.freeze_epochs"))
+    check_example("fine-tuning-from-scratch-warning", warning)
+    check_example("fine-tuning-model-kept", next(line for line in out.splitlines() if line.startswith("model.pt:")))
 
 
 def test_a_random_body_is_not_frozen_and_a_linear_probe_on_it_is_refused(tmp_path, image_folder, capsys):

@@ -48,7 +48,8 @@ def test_missing_weights_is_one_line_not_a_traceback(tmp_path, cli, monkeypatch)
     result = cli("predict", tmp_path, "--model", "inception_v3")
     assert result.code == 2
     assert "inception_v3_google-0cc3c7bd.pth" in result.err and "Traceback" not in result.err
-    assert len(result.err.strip().splitlines()) == 1
+    announced, error = result.err.strip().splitlines()  # the download said before it is tried, then one error line
+    assert announced.startswith("weights: downloading inception_v3's ImageNet weights") and error.startswith("error: ")
 
 
 def make_bad_inputs(folder):
@@ -99,6 +100,8 @@ def test_run_prediction_uses_the_runs_classes_and_preprocessing(trained_run, cli
     table = cli("predict", "--run", run_dir, next((data / "val" / "dog").iterdir()), "--topk", "3")
     assert table.code == 0, table.err
     check_example("first-steps-predict", table.out, labels=["cat", "dog", "fox"])
+    one = cli("predict", "--run", run_dir, next((data / "val" / "dog").iterdir()), "--topk", "3", "--json")
+    check_example("first-steps-predict-json", one.out, labels=["cat", "dog", "fox"])
 
 
 def test_json_answers_come_in_the_order_of_the_inputs(inception_hub, sample_photos, tmp_path, cli):

@@ -94,8 +94,8 @@ def test_a_run_that_diverges_in_epoch_one_says_no_checkpoint_and_records_its_sta
 
     def poisoned(*args, **kwargs):
         task = real_make_task(*args, **kwargs)
-        real_loss = task.loss
-        task.loss = lambda output, targets: real_loss(output, targets) * float("nan")
+        real_loss_sum = task.loss_sum  # what a training step calls (the task owns the normalisation)
+        task.loss_sum = lambda output, targets: real_loss_sum(output, targets) * float("nan")
         return task
 
     monkeypatch.setattr(engine_session, "make_task", poisoned)
