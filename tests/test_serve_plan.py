@@ -139,3 +139,20 @@ def test_the_cli_help_states_the_slow_model_rule_and_the_default_objective():
     option = inspect.signature(serve).parameters["slo_ms"].default
     assert option.default == hardware.DEFAULT_SLO_MS
     assert f"planned for {hardware.SLOW_MODEL_SLO_FACTOR:g}x its fastest lone request" in option.help
+
+
+# Saturation images/s like the Fashion-MNIST MLP's on a 2-core CPU (a sub-millisecond model): batch 1
+# answers in ~0.08 ms, full batches serve an order of magnitude more images/s.
+MLP = {"1x1": 12500.0, "2x1": 16000.0, "1x32": 150000.0, "2x32": 200000.0}
+
+
+def test_every_plan_is_compared_at_a_light_load_it_holds():
+    """The start-up line showed `2x1 15576.8/s (p50 94.86 ms light)` for the MLP: "light" was 20% of the
+    best plan's rate, 2.5x what the unbatched plans can serve at all, so their simulated queue grew for
+    the whole run. Light load is a rate every plan holds; a batch-1 plan of a sub-millisecond model
+    answers there in about its batch time."""
+    plans = hardware.serve_plans(2, False, None, None)
+    latency = hardware.simulate_plans(plans, MLP, 100.0, None)
+    for plan in plans:
+        lone = 1e3 * hardware.batch_times(plan, MLP).single + hardware.plan_delay_ms(plan, MLP, None)
+        assert latency[plan.label].light_p50_ms < 3 * lone, (plan.label, latency[plan.label])
