@@ -422,7 +422,8 @@ async def _uploaded_files(request: Request, served: ServedModel) -> list[tuple[s
     except StarletteHTTPException as exc:
         if "Too many files" not in str(exc.detail):
             raise
-        raise ProtocolError(f"more than {limit} images in one request ({request_limit(served.max_batch, limit)}); "
+        raise ProtocolError(f"more than {limit} images in one request "
+                            f"({request_limit(served.max_batch, limit, served.auto_limit)}); "
                             "split them") from None
     files = [(v.filename or key, await v.read()) for key, v in form.multi_items() if hasattr(v, "read")]
     if not files:

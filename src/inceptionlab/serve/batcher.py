@@ -74,9 +74,10 @@ RunFn = Callable[[int, Sequence[Any]], Sequence[Any]]
 class DynamicBatcher:
     def __init__(self, run: RunFn, max_batch: int, max_delay_s: float, max_queue: int, instances: int = 1,
                  on_batch: Callable[[BatchStats], None] = lambda stats: None, name: str = "model",
-                 max_request: int | None = None):
+                 max_request: int | None = None, auto_limit: bool = False):
         self.run, self.max_batch, self.max_delay, self.name = run, max_batch, max_delay_s, name
         self.max_request = max(max_request or 0, max_batch)
+        self.auto_limit = auto_limit  # max_request is --max-batch auto's, not a --max-batch the user set
         self.max_queue, self.instances, self.on_batch = max_queue, instances, on_batch
         self.queue: deque[_Entry] = deque()
         self.executing = 0  # requests inside a running batch
@@ -113,7 +114,8 @@ class DynamicBatcher:
     def check_size(self, count: int) -> None:
         """ValueError for a request bigger than max_request: a 400 whatever the load (retrying cannot help)."""
         if count > self.max_request:
-            raise ValueError(f"a request of {count} items exceeds {request_limit(self.max_batch, self.max_request)}; "
+            raise ValueError(f"a request of {count} items exceeds "
+                             f"{request_limit(self.max_batch, self.max_request, self.auto_limit)}; "
                              "split it")
 
     async def submit(self, item: Any, count: int, timeout_s: float | None = None, tag: str = "") -> Any:
@@ -247,11 +249,13 @@ def consecutive_batches(count: int, max_batch: int) -> list[tuple[int, int]]:
     return [(start, min(start + max_batch, count)) for start in range(0, count, max_batch)] or [(0, 0)]
 
 
-def request_limit(max_batch: int, max_request: int) -> str:
-    """How the most items one request may hold is named in a refusal: the flag that set it."""
-    if max_request == max_batch:
+def request_limit(max_batch: int, max_request: int, auto: bool = False) -> str:
+    """How the most items one request may hold is named in a refusal: the flag that set it. `auto`: the
+    limit is --max-batch auto's (hardware.AUTO_MAX_BATCH), whatever batch the plan chose, even one equal to it."""
+    if max_request == max_batch and not auto:
         return f"--max-batch {max_batch}"
-    return f"{max_request}, the most one request holds with --max-batch auto (the plan batches {max_batch})"
+    plan = f" (the plan batches {max_batch})" if max_batch != max_request else ""
+    return f"{max_request}, the most one request holds with --max-batch auto{plan}"
 
 
 def split_rows(output: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:

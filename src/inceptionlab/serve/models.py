@@ -154,6 +154,7 @@ class ServedModel:
     # chose, so what a client may send never depends on a timing (a larger request runs as consecutive
     # batches). None: max_batch.
     max_request: int | None = None
+    auto_limit: bool = False  # max_request is --max-batch auto's, not a --max-batch the user set
     task: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -375,7 +376,8 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     served = ServedModel(name or opener.spec.arch, opener.spec, opener.label, opener.backend, opener.precision,
                          next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
                          opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, tta=tta,
-                         max_request=settings.max_batch or hardware.AUTO_MAX_BATCH)
+                         max_request=settings.max_batch or hardware.AUTO_MAX_BATCH,
+                         auto_limit=settings.max_batch is None)
     started = time.perf_counter()
     warm_up(served)
     served.warmup_s = time.perf_counter() - started
