@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -221,15 +220,10 @@ def _bracketed(host: str) -> str:
 
 
 def _check_free(host: str, port: int | None, option: str) -> None:
-    """Refuse a port another process listens on, before the models load (SO_REUSEADDR, as both
-    servers bind: a port left in TIME_WAIT by a stopped server is free)."""
-    if not port:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise UserError(f"{option} {port}: cannot listen on {host}:{port} ({exc.strerror}); pick another "
-                            "port" + (" or --grpc-port off" if option == "--grpc-port" else "")) from None
+    """Refuse a port another process listens on, before the models load."""
+    from inceptionlab.host import port_in_use
+
+    reason = port_in_use(host, port) if port else None
+    if reason:
+        raise UserError(f"{option} {port}: cannot listen on {host}:{port} ({reason}); pick another port"
+                        + (" or --grpc-port off" if option == "--grpc-port" else ""))

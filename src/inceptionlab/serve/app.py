@@ -197,12 +197,11 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await bind_grpc_port(app)  # `serve` bound it already (server.py); an app served otherwise binds it here
         state.start()
-        grpc_front = None
-        if grpc_address is not None:
-            from inceptionlab.serve.grpc_server import start_grpc  # grpcio: only when gRPC is asked for
-
-            grpc_front = await start_grpc(state, grpc_address)
+        grpc_front = app.state.grpc_front
+        if grpc_front is not None:
+            await grpc_front.start()
         sampler = asyncio.create_task(live.run())
         yield
         if not state.abandoned:
@@ -215,6 +214,7 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     app = FastAPI(title="inceptionlab", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
     app.state.live = live
+    app.state.grpc_address, app.state.grpc_front = grpc_address, None
     _install_errors(app)
     # The last one added runs first: ids, then the key and the concurrency bound (both answer from the
     # headers alone), then the body limit, which reads the body.
@@ -231,6 +231,15 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     _live_routes(app, state, live)
     install_explain_route(app, state, explain)
     return app
+
+
+async def bind_grpc_port(app: FastAPI) -> None:
+    """Bind the gRPC front end's port (when the app serves gRPC and has not bound it yet); it serves once the
+    app starts. A port in use is a UserError."""
+    if app.state.grpc_address is not None and app.state.grpc_front is None:
+        from inceptionlab.serve.grpc_server import bind_grpc  # grpcio: only when gRPC is asked for
+
+        app.state.grpc_front = await bind_grpc(app.state.serve, app.state.grpc_address)
 
 
 def _install_errors(app: FastAPI) -> None:
