@@ -152,7 +152,8 @@ class ServeState:
         for name, model in self.models.items():
             batcher = DynamicBatcher(model.run, model.max_batch, self.delay_ms(model) / 1e3,
                                      self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name,
-                                     max_request=model.max_request, auto_limit=model.auto_limit)
+                                     max_request=model.max_request, auto_limit=model.auto_limit,
+                                     rule=model.batch_rule)
             batcher.start()
             self.batchers[name] = batcher
             self.metrics.add_model(name, lambda b=batcher: b.pending)
