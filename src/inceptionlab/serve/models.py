@@ -294,8 +294,7 @@ class ServedModel:
 
     def run(self, instance: int, items: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
         """One batch of requests -> per request {"logits", "probabilities"} (+ "unknown" with a threshold)."""
-        batch = np.concatenate([self._model_input(item) for item in items])
-        logits = self._logits(self.engines[instance], batch)
+        logits = self._logits(self.engines[instance], self._batch_input(items))
         probs = self.task.probabilities(self.decision.scale(torch.from_numpy(logits))).numpy()
         unknown = self.decision.unknown_mask(probs.max(axis=1)).reshape(-1, 1)
         out, start = [], 0
@@ -314,6 +313,12 @@ class ServedModel:
             return engine.run(batch)
         merged = run_with_tta(lambda view: torch.from_numpy(engine.run(view.numpy())), torch.from_numpy(batch), self.tta)
         return merged.numpy()
+
+    def _batch_input(self, items: Sequence[np.ndarray]) -> np.ndarray:
+        """The requests' items as one model input: pixels of every request normalised in one call."""
+        if len(items) > 1 and all(item.dtype == np.uint8 for item in items):
+            return self._model_input(np.concatenate(items))
+        return np.concatenate([self._model_input(item) for item in items])
 
     def _model_input(self, item: np.ndarray) -> np.ndarray:
         if item.dtype == np.uint8:  # resized + cropped pixels: the spec's normaliser, as predict does
