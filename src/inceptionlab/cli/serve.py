@@ -37,7 +37,11 @@ def serve(
                                  "are printed at start-up). A model slower than it even alone is planned for 5x "
                                  "its fastest lone request instead."),
     max_delay_ms: str = typer.Option("auto", "--max-delay-ms", help="Longest a request waits for its batch to "
-                                     "fill, ms; auto: 10% of one unbatched inference (1-10 ms), 0 unbatched."),
+                                     "fill, ms. Under a light load a request runs at once; as the rate grows, a "
+                                     "free instance waits for the batch the measured batch times say keeps the "
+                                     "cores from overloading. auto: 10% of --slo-ms or no wait, whichever the "
+                                     "plan's simulation holds the higher rate with; 0 unbatched. Set together with "
+                                     "--max-batch and --instances: Triton's rule, wait up to it for a full batch."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
                                   "503 + Retry-After."),
     instances: str = typer.Option("auto", "--instances", help="Batches in flight per model (one session and "
