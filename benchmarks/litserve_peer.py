@@ -5,8 +5,9 @@ that the same load generator drives it.
     python benchmarks/litserve_peer.py --onnx RUN/exports/model.onnx --name demo --port 8100
 
 It serves `POST /v2/models/NAME/infer` (one encoded image per request as BYTES {"b64": ...}, the way the
-load generator's `body="json"` sends it), `GET /v2/models/NAME` (the metadata the load generator reads),
-and LitServe's own `/health`. Each request is decoded and preprocessed as the export's sidecar
+load generator's `body="json"` sends it, or as the one file of a multipart form, `body="multipart"`: LitServe
+parses forms itself and hands the worker the form; it reads no raw image bodies, since it parses every other
+body as JSON), `GET /v2/models/NAME` (the metadata the load generator reads), and LitServe's own `/health`. Each request is decoded and preprocessed as the export's sidecar
 (model.onnx.json) says (resize the shorter side with its interpolation, centre crop, scale, normalise:
 PIL and numpy, what a LitServe user writes), batched by LitServe (--max-batch, --batch-timeout; its
 default is no batching), run by ONNX Runtime on the CPU with --threads intra-op threads, and answered
@@ -52,11 +53,14 @@ class OnnxClassifier(ls.LitAPI):
     # LitServe reads these two signatures: no annotation on `request` means "the parsed JSON body", and
     # none on the return value means "JSON". (Annotations here would become FastAPI parameters.)
     def decode_request(self, request):  # noqa: ANN001, ANN201
-        item = request["inputs"][0]["data"]
-        while isinstance(item, list):
-            item = item[0]
-        image = Image.open(io.BytesIO(base64.b64decode(item["b64"]))).convert(self.mode)
-        return self.preprocess(image)
+        if hasattr(request, "multi_items"):  # a multipart form (LitServe parses it): its one file
+            data = next(value for _, value in request.multi_items() if hasattr(value, "read")).file.read()
+        else:
+            item = request["inputs"][0]["data"]
+            while isinstance(item, list):
+                item = item[0]
+            data = base64.b64decode(item["b64"])
+        return self.preprocess(Image.open(io.BytesIO(data)).convert(self.mode))
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
         resize, crop = self.prep["resize_shorter_side"], self.prep["center_crop"]

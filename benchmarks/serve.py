@@ -23,19 +23,26 @@ max batch (no server running): server/bench = saturation with tensors / bench im
 size, what HTTP or gRPC, parsing, batching and the event loop cost.
 
 The peer (`--peer litserve`): LitServe + ONNX Runtime on the model's own ONNX export
-(benchmarks/litserve_peer.py), the server a user would assemble. It and `auto` (and the fixed plans
-`--peer-configs` adds) run side by side, and the same client sends each the same requests (encoded images
-in the protocol's plain JSON form, the one both read) at the same Poisson rates: low load, then the SLO
-sweep, `--repeat` times, alternating servers, so each repetition of one meets the same machine as its twins.
+(benchmarks/litserve_peer.py), the server a user would assemble. It, `auto` and `max-batch-1` (auto's
+instances, unbatched; `--peer-configs` adds fixed plans) run side by side, and the same client sends each
+the same pictures at the same Poisson rates in each body of `--bodies`: the protocol's plain JSON form
+(base64, the one both read), the image file as the body (`raw`: what a web page or a phone sends; ours at
+/v1/classify), and a form with the file (`multipart`); LitServe reads no raw body (it parses every other
+body as JSON), so against our raw bodies it gets the form. Each gets a low-load run, then the SLO sweep,
+`--repeat` times, alternating servers and bodies, so each repetition of one meets the same machine as its
+twins. A sweep rises x1.5 until the SLO fails, then bisects to `--resolution` (5%).
 
 Targets: `auto` holds at least the rate of the best fixed plan (or serves that plan); gRPC's saturation
-throughput is at least HTTP's; on the demo model, `auto`'s SLO rate is at least 2x the peer's in every
-repetition. The summary under the table says whether each held in this run.
+throughput is within 15% of HTTP's or above; on the demo model, in every repetition, `auto`'s SLO rate is
+at least 2x the peer's (for raw bodies: against the peer's multipart) and, on raw bodies, at least 1.3x
+`max-batch-1`'s; and the rate `auto`'s start-up line predicts for its plan is within 20% of the median
+measured on raw bodies. The summary under the table says whether each held in this run.
 
     python benchmarks/serve.py                                   # both models, the peer: ~40 minutes on 2 cores
     python benchmarks/serve.py --models demo --configs auto --protocols http --repeat 3
     python benchmarks/serve.py --models inception_v3 --duration 10 --configs 1x1,auto --protocols grpc --peer none
     python benchmarks/serve.py --models demo --configs auto --peer-configs auto,1x32,2x32 --repeat 2   # plans vs peer
+    python benchmarks/serve.py --models demo --configs auto --protocols http --bodies raw --repeat 3   # issue 40
 
 The load generator shares the cores with the server; its own CPU use is in each row of the result file,
 and the load average before and after each configuration is in the table (other processes distort every
@@ -50,6 +57,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import statistics
 import signal
 import subprocess
@@ -65,9 +73,18 @@ from _results import render_file, write_result  # this folder's sibling modules
 from _servers import checkout_env, free_port, stop_gracefully, wait_until_ready
 from inceptionlab import hardware
 from inceptionlab.loadtest.generator import LoadSettings, run_load, run_sweep
+from inceptionlab.loadtest.payloads import FILE_BODIES
 
 PROTOCOLS = ("http", "grpc")
 PEERS = ("litserve", "none")
+# Request bodies of the side-by-side runs: the protocol's plain JSON form (base64 images), the image file as
+# the body (what a web page or a phone sends; ours reads it at /v1/classify), and a form with the file. The
+# peer reads JSON and forms: LitServe parses every other body as JSON, so against our raw bodies it gets the
+# form, a LitServe user's way to take a file upload.
+BODIES = ("json", "raw", "multipart")
+PEER_BODIES = {"json": "json", "raw": "multipart", "multipart": "multipart"}
+BATCHING_TARGET = 1.3  # auto's SLO rate against the same server unbatched (--max-batch 1), raw bodies, demo
+PREDICTION_TOLERANCE = 0.2  # auto's start-up line's predicted rate against the rate measured, raw bodies
 PEER_SCRIPT = Path(__file__).resolve().with_name("litserve_peer.py")
 PEER_TARGET = 2.0  # the demo model: our SLO rate at least this multiple of the peer's, every repetition
 # gRPC's saturation against HTTP's, one plan: the gRPC front end must not be the slower one, within what
@@ -84,8 +101,22 @@ def fixed_configs(cpus: int) -> dict[str, list[str]]:
 
 
 def all_configs(cpus: int) -> dict[str, list[str]]:
+    """Every configuration: the fixed plans, auto, and auto's instances unbatched (`max-batch-1`, what
+    batching is judged against)."""
     return {**fixed_configs(cpus), "auto": ["--instances", "auto", "--max-batch", "auto", "--max-delay-ms", "auto",
-                                            "--calibrate"]}
+                                            "--calibrate"],
+            "max-batch-1": ["--instances", "auto", "--max-batch", "1", "--calibrate"]}
+
+
+def predicted(log_text: str) -> dict[str, Any] | None:
+    """The chosen plan and the rate its start-up line predicts within the objective (the first model's),
+    or None when the line has none (a pinned plan, nothing timed)."""
+    chosen = re.search(r"serving plan: (\d+) instance\(s\).*?max batch (\d+)", log_text)
+    if not chosen:
+        return None
+    plan = f"{chosen.group(1)}x{chosen.group(2)}"
+    rate = re.search(rf"simulated from batch times[^:]*:.*?\b{plan} ([\d.]+)/s", log_text[chosen.start():])
+    return {"plan": plan, "rate": float(rate.group(1))} if rate else None
 
 
 def load_average() -> list[float]:
@@ -174,6 +205,7 @@ class Server:
             self.__exit__(None, None, None)
             raise
         self.start_s = time.perf_counter() - started
+        self.prediction = predicted(self.log.read_text(errors="replace"))
         return self
 
     def _wait_ready(self) -> None:
@@ -184,8 +216,10 @@ class Server:
         config = httpx.get(f"{self.url}/v2/models/{model}/config", timeout=10).json()
         params = config.get("parameters", {})
         return {"backend": config.get("backend"), "precision": params.get("precision", {}).get("string_value"),
-                "instances": config["instance_group"][0]["count"], "max_batch": config["max_batch_size"],
-                "max_delay_ms": config["dynamic_batching"]["max_queue_delay_microseconds"] / 1000}
+                "instances": config["instance_group"][0]["count"],
+                "max_batch": max(config["dynamic_batching"]["preferred_batch_size"]),  # the plan's batch
+                "max_delay_ms": config["dynamic_batching"]["max_queue_delay_microseconds"] / 1000,
+                "predicted": self.prediction}
 
     def __exit__(self, *exc: Any) -> None:
         stop_gracefully(self.process, timeout_s=60)
@@ -205,13 +239,14 @@ class Peer(Server):
                         "--batch-timeout", str(batch_timeout_s)]
         self.log, self.env = log_path, None
         self.max_batch = max_batch
+        self.prediction = None
 
     def _wait_ready(self) -> None:
         wait_until_ready(f"{self.url}/health", self.process, self.log)  # LitServe's: ok once its workers run
 
     def served_as(self, model: str) -> dict[str, Any]:
         return {"backend": "litserve onnxruntime", "precision": "fp32", "instances": 1, "max_batch": self.max_batch,
-                "max_delay_ms": None}
+                "max_delay_ms": None, "predicted": None}
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
@@ -263,7 +298,8 @@ def load_base(target: Target, server: Server, protocol: str, args: argparse.Name
 
 
 def sweep(settings: LoadSettings, plan: Plan, args: argparse.Namespace, tag: str) -> dict[str, Any]:
-    return run_sweep(settings, start_rate=plan.start_rate, factor=1.5, resolution=0.1, max_steps=args.max_steps,
+    return run_sweep(settings, start_rate=plan.start_rate, factor=1.5, resolution=args.resolution,
+                     max_steps=args.max_steps,
                      on_row=lambda row: log(f"{tag} rate {row['rate']:.2f}/s: p99 {row['p99_ms']} ms, "
                                             f"achieved {row['achieved_rate']}/s, "
                                             f"{'held' if row['slo_met'] else 'missed'}"))
@@ -318,14 +354,14 @@ def ours_name(config: str) -> str:
     return "inceptionlab" if config == "auto" else f"inceptionlab {config}"
 
 
-def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, out: Path) -> dict[str, Any]:
-    """`auto` (and --peer-configs' fixed plans) and the peer side by side, the same JSON requests at the
-    same rates: a low-load run, then the SLO sweep, `--repeat` times, alternating servers."""
+def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, out: Path) -> list[dict[str, Any]]:
+    """`auto` (and --peer-configs' other configurations) and the peer side by side, the same requests at the
+    same rates in each body of --bodies: a low-load run, then the SLO sweep, `--repeat` times, alternating
+    servers and bodies, so each repetition of one meets the same machine as its twins. One comparison per
+    body; against our raw bodies the peer's row is its multipart one (it reads no raw body)."""
     onnx = export_onnx(target, out)
     options = {config: config_options(config, args, plan) for config in args.peer_configs}
-    result: dict[str, Any] = {"model": target.name, "onnx": str(onnx), "peer": args.peer,
-                              "serve_options": {ours_name(c): o for c, o in options.items()},
-                              "loadavg_before": load_average(), "servers": {}}
+    before = load_average()
     with contextlib.ExitStack() as running:
         servers: dict[str, Server] = {
             ours_name(config): running.enter_context(Server(
@@ -333,20 +369,32 @@ def measure_against_peer(target: Target, args: argparse.Namespace, plan: Plan, o
                 checkout_env(args.server_src))) for config, extra in options.items()}
         servers[args.peer] = running.enter_context(Peer(target, onnx, args.peer_max_batch, args.peer_batch_timeout_ms / 1e3,
                                                         out / f"peer-{target.name}.log"))
-        result["servers"] = {who: {"served_as": server.served_as(target.name), "start_s": round(server.start_s, 1),
-                                   "low_load": None, "sweeps": []} for who, server in servers.items()}
+        served = {who: server.served_as(target.name) for who, server in servers.items()}
+        records: dict[tuple[str, str], dict[str, Any]] = {}
         for repetition in range(args.repeat):
-            for who, server in servers.items():
-                tag = f"[{target.name} {who} #{repetition + 1}]"
-                base = {**load_base(target, server, "http", args), "payload": "image", "body": "json",
-                        "seed": repetition}
-                record = result["servers"][who]
-                if repetition == 0:
-                    record["low_load"] = low = run_load(LoadSettings(**base, slo_ms=plan.slo_ms, rate=plan.low_rate))
-                    log(f"{tag} low load {plan.low_rate}/s: p50 {low['p50_ms']} ms, p99 {low['p99_ms']} ms")
-                record["sweeps"].append(sweep(LoadSettings(**base, slo_ms=plan.slo_ms), plan, args, tag))
-    result["loadavg_after"] = load_average()
-    return result
+            for body in args.bodies:
+                for who, server in servers.items():
+                    sent = PEER_BODIES[body] if who == args.peer else body
+                    if (who, sent) in records and len(records[who, sent]["sweeps"]) > repetition:
+                        continue  # the peer's multipart run serves both the raw and the multipart comparison
+                    record = records.setdefault((who, sent), {"served_as": served[who], "body": sent,
+                                                              "start_s": round(server.start_s, 1),
+                                                              "low_load": None, "sweeps": []})
+                    tag = f"[{target.name} {who}, {sent} #{repetition + 1}]"
+                    base = {**load_base(target, server, "http", args), "payload": "image", "body": sent,
+                            "seed": repetition}
+                    if who == args.peer and sent in FILE_BODIES:
+                        base["path"] = "/v2/models/{model}/infer"  # the peer's one route takes forms too
+                    if repetition == 0:
+                        record["low_load"] = low = run_load(LoadSettings(**base, slo_ms=plan.slo_ms, rate=plan.low_rate))
+                        log(f"{tag} low load {plan.low_rate}/s: p50 {low['p50_ms']} ms, p99 {low['p99_ms']} ms")
+                    record["sweeps"].append(sweep(LoadSettings(**base, slo_ms=plan.slo_ms), plan, args, tag))
+    after = load_average()
+    return [{"model": target.name, "body": body, "onnx": str(onnx), "peer": args.peer,
+             "serve_options": {ours_name(c): o for c, o in options.items()}, "loadavg_before": before,
+             "loadavg_after": after,
+             "servers": {who: records[who, PEER_BODIES[body] if who == args.peer else body] for who in servers}}
+            for body in args.bodies]
 
 
 def bench_reference(target: Target, args: argparse.Namespace, served: dict[str, Any],
@@ -411,22 +459,30 @@ def rate_text(rate: float, held: bool) -> str:
 
 
 def peer_rows(comparisons: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per model and server of the side-by-side runs: the SLO rate of every repetition (a
-    repetition that held no rate tried counts as the lowest tried in the median, and reads "<R")."""
+    """One row per model, server and body of the side-by-side runs: the SLO rate of every repetition (a
+    repetition that held no rate tried counts as the lowest tried in the median, and reads "<R"). The peer's
+    multipart record, which stands against our raw bodies too, is one row."""
     rows = []
     for c in comparisons:
         for who, record in c["servers"].items():
+            if record.get("body", c.get("body", "json")) != c.get("body", "json"):
+                continue  # the peer's record of another body (its multipart, against our raw): its own row
             served = record["served_as"]
             held = [rate_held(s) for s in record["sweeps"]]
             delay = f", {served['max_delay_ms']:g} ms" if served["max_delay_ms"] is not None else ""
-            rows.append({"model": c["model"], "config": f"{who}, JSON images", "protocol": "http",
-                         "plan": f"{served['instances']}x{served['max_batch']}{delay}",
+            prediction = served.get("predicted")
+            rows.append({"model": c["model"], "config": f"{who}, {BODY_WORDS[c.get('body', 'json')]}",
+                         "protocol": "http", "plan": f"{served['instances']}x{served['max_batch']}{delay}",
                          "precision": f"{served['backend']} {served['precision']}",
                          "low_p50_ms": record["low_load"]["p50_ms"], "low_p99_ms": record["low_load"]["p99_ms"],
                          "best_rate": statistics.median(r for r, _ in held) if held else None,
                          "rates": [r if ok else rate_text(r, ok) for r, ok in held],
+                         "predicted_rate": prediction["rate"] if prediction else None,
                          "loadavg": [c["loadavg_before"][0], c["loadavg_after"][0]]})
     return rows
+
+
+BODY_WORDS = {"json": "JSON images", "raw": "raw image bodies", "multipart": "multipart images"}
 
 
 def plan_shape(plan: str) -> str:
@@ -458,29 +514,71 @@ def targets(rows: list[dict[str, Any]], comparisons: list[dict[str, Any]]) -> li
                 checks.append({"target": f"{model} {config}: gRPC saturation >= {GRPC_VS_HTTP:g}x HTTP's",
                                "measured": f"gRPC {grpc:.1f}/s, HTTP {http:.1f}/s ({grpc / http:.2f}x)",
                                "held": grpc >= GRPC_VS_HTTP * http})
-    return checks + [peer_target(c) for c in comparisons if ours_name("auto") in c["servers"]]
+    return checks + [check for c in comparisons for check in side_by_side_targets(c)]
 
 
-def peer_target(comparison: dict[str, Any]) -> dict[str, Any]:
-    """`serve` as it plans itself (auto) against the peer, every repetition; fixed plans are rows only."""
-    peer_name = comparison["peer"]
+def side_by_side_targets(comparison: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets of one side-by-side comparison (one body): auto against the peer, against itself
+    unbatched, and against its own start-up prediction, each where the servers ran."""
+    servers = comparison["servers"]
+    if ours_name("auto") not in servers:
+        return []
+    checks = [peer_target(comparison)] if comparison["peer"] in servers else []
+    if ours_name("max-batch-1") in servers:
+        checks.append(batching_target(comparison))
+    if servers[ours_name("auto")]["served_as"].get("predicted"):
+        checks.append(prediction_target(comparison))
+    return checks
+
+
+def ratio_target(comparison: dict[str, Any], theirs_name: str, factor: float, what: str) -> dict[str, Any]:
+    """auto's SLO rate against `theirs_name`'s, repetition by repetition, at least `factor` every time."""
     ours, theirs = ([rate_held(s) for s in comparison["servers"][name]["sweeps"]]
-                    for name in (ours_name("auto"), peer_name))
-    # Ours holding none: 0. The peer holding none: its lowest rate tried bounds it, the ratio is at least this.
+                    for name in (ours_name("auto"), theirs_name))
+    # Ours holding none: 0. Theirs holding none: its lowest rate tried bounds it, the ratio is at least this.
     pairs = [((a if a_ok else 0.0), b, b_ok) for (a, a_ok), (b, b_ok) in zip(ours, theirs)]
     ratios = [a / b for a, b, _ in pairs]
     measured = ", ".join(f"{a:.1f}/s vs {rate_text(b, b_ok)}/s ({'' if b_ok else '>'}{r:.2f}x)"
                          for (a, b, b_ok), r in zip(pairs, ratios))
-    return {"target": f"{comparison['model']}: inceptionlab's SLO rate >= {PEER_TARGET:g}x {peer_name}'s, "
-                      "every repetition",
-            "measured": measured, "held": bool(ratios) and min(ratios) >= PEER_TARGET,
+    return {"target": f"{comparison['model']}, {BODY_WORDS[comparison.get('body', 'json')]}: inceptionlab's SLO "
+                      f"rate >= {factor:g}x {what}, every repetition",
+            "measured": measured, "held": bool(ratios) and min(ratios) >= factor,
             "applies": comparison["model"] == "demo"}
+
+
+def peer_target(comparison: dict[str, Any]) -> dict[str, Any]:
+    """`serve` as it plans itself (auto) against the peer, every repetition; fixed plans are rows only."""
+    peer = comparison["peer"]
+    body = comparison.get("body", "json")
+    sent = f" ({PEER_BODIES[body]})" if PEER_BODIES[body] != body else ""
+    return ratio_target(comparison, peer, PEER_TARGET, f"{peer}'s{sent}")
+
+
+def batching_target(comparison: dict[str, Any]) -> dict[str, Any]:
+    """auto against the same server with --max-batch 1: what batching buys, every repetition."""
+    check = ratio_target(comparison, ours_name("max-batch-1"), BATCHING_TARGET, "with --max-batch 1")
+    return {**check, "applies": check["applies"] and comparison.get("body") == "raw"}
+
+
+def prediction_target(comparison: dict[str, Any]) -> dict[str, Any]:
+    """The rate auto's start-up line predicts for its plan against the median of the rates measured."""
+    record = comparison["servers"][ours_name("auto")]
+    prediction = record["served_as"]["predicted"]
+    rates = [rate for rate, _ in (rate_held(s) for s in record["sweeps"])]
+    measured = statistics.median(rates) if rates else 0.0
+    off = measured / prediction["rate"] - 1 if prediction["rate"] else math.inf
+    return {"target": f"{comparison['model']}, {BODY_WORDS[comparison.get('body', 'json')]}: the start-up line's "
+                      f"predicted rate within {PREDICTION_TOLERANCE:.0%} of the measured one",
+            "measured": f"{prediction['plan']} predicted {prediction['rate']:.1f}/s, measured {measured:.1f}/s "
+                        f"({off:+.0%})",
+            "held": abs(off) <= PREDICTION_TOLERANCE,
+            "applies": comparison["model"] == "demo" and comparison.get("body") == "raw"}
 
 
 COLUMNS = [("model", "model"), ("config", "config"), ("protocol", "protocol"), ("plan", "instances x max batch, delay"),
            ("precision", "runtime"), ("low_p50_ms", "p50 ms at low load", ".1f"),
            ("low_p99_ms", "p99 ms at low load", ".1f"), ("best_rate", "highest rate holding the SLO, /s", ".1f"),
-           ("rates", "each repetition, /s", ".1f"),
+           ("rates", "each repetition, /s", ".1f"), ("predicted_rate", "start-up line's prediction, /s", ".1f"),
            ("rate_vs_unbatched", "vs 1x1", ".2f"), ("sat_tensor_per_s", "saturation, tensors/s", ".1f"),
            ("sat_batch", "avg batch", ".2f"), ("bench_img_per_s", "bench img/s, same batch", ".1f"),
            ("overhead_ratio", "server/bench", ".2f"), ("sat_image_per_s", "saturation, JPEG/s", ".1f"),
@@ -499,13 +597,18 @@ def parse_args(cpus: int) -> argparse.Namespace:
                                                           "installed, else ONNX Runtime)")
     parser.add_argument("--precision", default="auto", help="as `serve --precision` (auto: bf16 only where the "
                                                             "CPU has bf16 units and it agrees with fp32)")
-    parser.add_argument("--configs", default=",".join(configs), help=f"comma list of {', '.join(configs)} "
-                                                                     "(the plans auto chooses from here, and auto)")
+    parser.add_argument("--configs", default=",".join(c for c in configs if c != "max-batch-1"),
+                        help=f"comma list of {', '.join(configs)} (the plans auto chooses from here, and auto)")
     parser.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma list of http, grpc")
     parser.add_argument("--peer", default="litserve", choices=PEERS, help="the peer server run beside auto on "
                                                                           "the same export (none: skip)")
-    parser.add_argument("--peer-configs", default="auto", help="comma list of our configurations run beside "
-                                                               "the peer (auto: the target's; fixed plans: rows)")
+    parser.add_argument("--peer-configs", default="auto,max-batch-1", help="comma list of our configurations "
+                        "run beside the peer (auto: the targets'; max-batch-1: what batching is judged against; "
+                        "fixed plans: rows)")
+    parser.add_argument("--bodies", default=",".join(BODIES), help=f"comma list of {', '.join(BODIES)}: the "
+                        "request bodies of the side-by-side runs (the peer gets multipart for raw)")
+    parser.add_argument("--resolution", type=float, default=0.05, help="each sweep's bisection stops within this "
+                        "share of the rate (0.05: two sweeps of one plan land within a step of each other)")
     parser.add_argument("--peer-max-batch", type=int, default=1, help="LitServe's max_batch_size (its default: 1)")
     parser.add_argument("--peer-batch-timeout-ms", type=float, default=0.0, help="LitServe's batch_timeout")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of the side-by-side sweeps")
@@ -533,6 +636,9 @@ def parse_args(cpus: int) -> argparse.Namespace:
     args.names = [n.strip() for n in args.configs.split(",") if n.strip()]
     args.protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     args.peer_configs = [n.strip() for n in args.peer_configs.split(",") if n.strip()]
+    args.bodies = [b.strip() for b in args.bodies.split(",") if b.strip()]
+    if [b for b in args.bodies if b not in BODIES]:
+        parser.error(f"--bodies {','.join(args.bodies)}: take {', '.join(BODIES)}")
     unknown = [n for n in args.names + args.peer_configs if n not in configs] + \
         [p for p in args.protocols if p not in PROTOCOLS]
     if unknown:
@@ -545,19 +651,19 @@ def parse_args(cpus: int) -> argparse.Namespace:
 
 
 def measure_target(target: Target, args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[int, float],
-                                                                       dict[str, Any] | None, Plan]:
-    """Every configuration of one model, its bench reference, and the side-by-side run with the peer."""
+                                                                       list[dict[str, Any]], Plan]:
+    """Every configuration of one model, its bench reference, and the side-by-side runs with the peer."""
     plan = Plan(args.low_rate, args.start_rate, args.slo_ms)
     results = [measure_config(target, name, args, plan, args.out) for name in args.names]
-    comparison = None
+    comparisons: list[dict[str, Any]] = []
     if args.peer != "none":
         missing = peer_missing()
         if missing:
             log(f"[{target.name}] no peer row: {missing}")
         else:
-            comparison = measure_against_peer(target, args, plan, args.out)
+            comparisons = measure_against_peer(target, args, plan, args.out)
     bench = bench_reference(target, args, results[0]["served_as"], [r["served_as"]["max_batch"] for r in results])
-    return results, bench, comparison, plan
+    return results, bench, comparisons, plan
 
 
 def main() -> None:
@@ -566,9 +672,9 @@ def main() -> None:
     started = time.time()
     results, bench, comparisons, plans = [], {}, [], {}
     for target in targets_of(args):
-        measured, bench[target.name], comparison, plans[target.name] = measure_target(target, args)
+        measured, bench[target.name], compared, plans[target.name] = measure_target(target, args)
         results += measured
-        comparisons += [comparison] if comparison else []
+        comparisons += compared
     rows = summarize(results, bench) + peer_rows(comparisons)
     checks = targets(rows, comparisons)
     slos = ", ".join(f"{name} p99 <= {plan.slo_ms:g} ms" for name, plan in plans.items())
@@ -580,7 +686,8 @@ def main() -> None:
                                  "seconds": round(time.time() - started), "targets": checks,
                                  "bench_img_per_s": bench, "results": results, "peer": comparisons})
     for name, plan in plans.items():
-        print(f"{name}: low load {plan.low_rate}/s; sweeps from {plan.start_rate}/s (x1.5, then bisection to 10%); "
+        print(f"{name}: low load {plan.low_rate}/s; sweeps from {plan.start_rate}/s (x1.5, then bisection to "
+              f"{args.resolution:.0%}); "
               f"SLO p99 <= {plan.slo_ms:g} ms")
     print(render_file(path))
     for check in checks:

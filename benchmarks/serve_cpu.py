@@ -55,6 +55,7 @@ from typing import Any
 from _results import render_file, write_result  # this folder's sibling modules
 from _servers import checkout_env, free_port, stop_gracefully, wait_until_ready
 from inceptionlab.loadtest.generator import LoadSettings, run_load
+from inceptionlab.loadtest.payloads import BODIES
 
 VARIANTS = {"standard": {"loop": "auto", "http": "auto", "freeze": True},
             "plain": {"loop": "asyncio", "http": "h11", "freeze": True},
@@ -214,8 +215,9 @@ def main() -> None:
     parser.add_argument("--variants", default="standard,plain", help=f"comma list of {', '.join(VARIANTS)}")
     parser.add_argument("--protocol", default="http", choices=["http", "grpc"])
     parser.add_argument("--payload", default="image", help="image (encoded files), tensor (UINT8) or fp32")
-    parser.add_argument("--body", default="binary", choices=["binary", "json"],
-                        help="binary: the tensor extension (raw bytes); json: the plain JSON form (base64)")
+    parser.add_argument("--body", default="binary", choices=list(BODIES),
+                        help="binary: the tensor extension (raw bytes); json: the plain JSON form (base64); raw: "
+                             "the image file as the body, multipart: a form with it (both to /v1/classify)")
     parser.add_argument("--rate", default="80", help="Poisson requests/s (below saturation); a comma list: each")
     parser.add_argument("--baseline-src", type=Path, default=None, help="the `baseline` variant's checkout src/")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")

@@ -29,7 +29,8 @@ import pytest
 from inceptionlab import host
 from inceptionlab.errors import UserError
 from inceptionlab.loadtest import generator as lt
-from inceptionlab.loadtest.payloads import Prepared, TensorRequest, infer_body, json_infer_body
+from inceptionlab.loadtest.payloads import Prepared, TensorRequest, file_body, infer_body, json_infer_body
+from inceptionlab.loadtest.transports import request_path
 from inceptionlab.loadtest.report import format_table, plot_latency_vs_rate
 from inceptionlab.loadtest.server_metrics import parse_metrics, server_stats, statistics_counters
 from inceptionlab.loadtest.transports import HttpTransport
@@ -793,3 +794,41 @@ def test_the_load_generator_imports_no_torch_and_nothing_of_serve_but_the_protoc
     assert not [m for m in loaded if m == "torch" or m.startswith(("torch.", "torchvision"))]
     assert [m for m in loaded if m.startswith("inceptionlab.serve")] == \
         ["inceptionlab.serve", "inceptionlab.serve.proto", "inceptionlab.serve.protocol"]
+
+
+@pytest.mark.parametrize("body", ["raw", "multipart"])
+def test_image_files_as_the_body_or_a_form_go_to_our_classify_route(real_server, body):
+    """What a web page or a phone sends: the file itself (raw) or a form with it (multipart), to
+    /v1/classify, each answered and counted by the server as an HTTP request of the model."""
+    import httpx
+
+    before = _requests_by_protocol(httpx.get(f"{real_server}/metrics").text, "success")
+    row = lt.run_load(lt.LoadSettings(real_server, model="tiny", concurrency=2, duration=0.5, payload="image",
+                                      body=body, slo_ms=1e4, warmup=1))
+    after = _requests_by_protocol(httpx.get(f"{real_server}/metrics").text, "success")
+    assert row["ok"] == row["sent"] > 0 and row["error"] == row["rejected"] == 0
+    assert after["http"] - before["http"] == row["ok"] + 1 and row["server"]["inferences"] == row["ok"]
+    with pytest.raises(UserError, match="body raw sends image files: use payload image"):
+        lt.run_load(lt.LoadSettings(real_server, model="tiny", concurrency=1, duration=0.2, payload="tensor",
+                                    body="raw"))
+
+
+def test_a_multipart_body_is_one_file_field_as_a_form_parser_reads_it():
+    from starlette.datastructures import Headers
+    from starlette.formparsers import MultiPartParser
+
+    prepared = file_body(b"\x89PNG fake bytes", "multipart")
+
+    async def parse():
+        async def stream():
+            yield prepared.body
+
+        return await MultiPartParser(Headers(prepared.headers), stream()).parse()
+
+    form = asyncio.run(parse())
+    (upload,) = [value for _, value in form.multi_items()]
+    assert asyncio.run(upload.read()) == b"\x89PNG fake bytes"
+    assert file_body(b"abc", "raw") == Prepared(b"abc", {"Content-Type": "application/octet-stream"})
+    assert request_path(None, "raw", "demo") == "/v1/classify?model=demo"
+    assert request_path(None, "json", "demo") == "/v2/models/demo/infer"
+    assert request_path("/predict/{model}", "multipart", "demo") == "/predict/demo"

@@ -134,10 +134,13 @@ def _b64_request(name: str, shape: list[int], blobs: list[bytes]) -> str:
 
 @pytest.mark.parametrize("name, shape", [("image_bytes", [2, 1]), ("image_bytes", [2]), ("images", [2, 1]),
                                          ("images", [2])])
-def test_encoded_images_take_shape_n_or_n_by_1_on_either_input(tiny, client, name, shape):
-    """perf_analyzer sends [1, 1] for an input declared [-1, 1]; hand-written clients send [N]."""
+@pytest.mark.parametrize("padding", [0, 70_000])
+def test_encoded_images_take_shape_n_or_n_by_1_on_either_input(tiny, client, name, shape, padding):
+    """perf_analyzer sends [1, 1] for an input declared [-1, 1]; hand-written clients send [N]. Padded past
+    PNG's end (which decoders ignore), the JSON body is over the 64 kB parsed in the preprocessing pool,
+    together with the decoding: the same answer."""
     files = sorted((tiny[1] / "val").rglob("*.png"))[:2]
-    response = _infer(client, _b64_request(name, shape, [png_bytes(f) for f in files]))
+    response = _infer(client, _b64_request(name, shape, [png_bytes(f) + b"\0" * padding for f in files]))
     assert response.status_code == 200, response.text
     probs = np.array(response.json()["outputs"][0]["data"]).reshape(2, 3)
     for row, file in zip(probs, files):
@@ -219,6 +222,14 @@ BAD_REQUESTS = {
     "bad repository index request": ("/v2/repository/index", b'{"ready": "yes"}', 400, '{"ready": true|false}'),
     "unknown model": ("/v2/models/resnet999/infer", _tensor_request().encode(), 404, "unknown model"),
     "unknown route": ("/v2/nothing", b"{}", 404, "no route"),
+    "unknown version": ("/v2/models/tiny/versions/2/infer", _tensor_request().encode(), 404, "version 2"),
+    "topk not a number": ("/v1/classify?topk=three", b"", 400, "topk 'three': give a positive whole number"),
+    # over the 64 kB that are parsed in the preprocessing pool, together with the decoding
+    "large JSON body, not an image": ("/v2/models/tiny/infer", _b64_request("image_bytes", [1], [b"x" * 70_000]
+                                                                            ).encode(), 400, "not an image"),
+    "large JSON body, unknown output": ("/v2/models/tiny/infer", json.dumps({
+        **json.loads(_b64_request("image_bytes", [1], [b"x" * 70_000])), "outputs": [{"name": "nope"}]}).encode(),
+        400, "no output 'nope'"),
 }
 
 

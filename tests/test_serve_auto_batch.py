@@ -118,3 +118,39 @@ def test_a_bad_max_delay_or_instance_count_is_a_one_line_error(cli):
             result = cli("serve", "--model", "inception_v3", "--port", busy, "--grpc-port", busy, option, value)
             assert result.code == 2 and option in result.err and "cannot listen" not in result.err, result.err
             assert len(result.err.strip().splitlines()) == 1
+
+
+def test_the_host_work_of_a_request_is_measured_as_cpu_time_on_the_sample_picture_or_a_text(monkeypatch):
+    """What the plan charges against the cores per request: an image model's upload decoded and transformed
+    (the package's sample picture; a generated photo without one), a text model's long text tokenized."""
+    from inceptionlab.serve import models
+
+    image = models.host_work(fake_opener([]))
+    assert 0 < image.seconds < 1 and image.sample.startswith("a ") and "decoded and transformed" in image.sample
+    monkeypatch.setattr(models, "sample_image_files", lambda: [])
+    generated = models.host_work(fake_opener([]))
+    assert generated.seconds > 0 and generated.sample.startswith("a 640x480 JPEG")
+
+    class Vectorizer:
+        def __init__(self):
+            self.texts = []
+
+        def encode(self, texts):
+            self.texts += texts
+            return np.zeros((len(texts), 8), np.int64)
+
+    opener = fake_opener([])
+    opener.vectorizer = Vectorizer()
+    text = models.host_work(opener)
+    assert text.seconds >= 0 and "text tokenized" in text.sample
+    assert len(opener.vectorizer.texts) == models.HOST_RUNS + 1 and opener.vectorizer.texts[0] == models.SAMPLE_TEXT
+
+
+def test_a_measured_plan_gives_the_served_model_its_batching_rule(monkeypatch, tmp_path):
+    monkeypatch.setenv("INCEPTIONLAB_AUTO", "measure")
+    monkeypatch.setenv("INCEPTIONLAB_CACHE", str(tmp_path))
+    decision = decide_plan(fake_opener([]), ModelLoadSettings(instances=1, max_batch=4))
+    assert decision.plan == hardware.ServePlan(1, 4) and decision.host is not None
+    assert decision.rule.max_batch == 4 and decision.rule.max_delay_s == decision.max_delay_ms / 1e3
+    assert set(decision.img_per_s) == {"1x1", "1x4"}  # the pinned plan and its batch-1 twin: its rule's curve
+    assert "host work" in decision.line() and "1x4" in decision.latency

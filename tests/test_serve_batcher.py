@@ -8,6 +8,7 @@ import threading
 import numpy as np
 import pytest
 
+from inceptionlab.queueing import BatchRule
 from inceptionlab.serve.batcher import DynamicBatcher, QueueFull
 
 
@@ -178,3 +179,130 @@ def test_engine_runs_a_request_over_its_largest_bucket_as_consecutive_full_batch
     engine = Engine({1: Doubling(), 2: Doubling()}, [1, 2])
     out = engine.run(np.arange(5, dtype=np.float32).reshape(5, 1))
     assert sizes == [2, 2, 1] and out[:, 0].tolist() == [0, 2, 4, 6, 8]
+
+
+# --------------------------------------------------------------------------- the rule, on a simulated clock
+
+
+class Clock:
+    """The batcher's clock, set by the test: arrival times and the delay are read from it, never the wall."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# Below 50 requests/s a request runs at once; above, the batcher waits for 4 (at most a minute by the clock,
+# which the tests never let pass by itself: a wait that was not asked for would hang, not pass).
+RULE = BatchRule(8, 60.0, ((50.0, 1), (1e9, 4)))
+
+
+def test_under_a_light_load_a_lone_request_runs_at_once_whatever_the_delay():
+    async def main():
+        recorder, clock = Recorder(), Clock()
+        batcher = DynamicBatcher(recorder, max_batch=8, max_delay_s=60.0, max_queue=10, rule=RULE, clock=clock)
+        batcher.start()
+        for second in range(4):  # one request a second
+            clock.now = float(second)
+            await asyncio.wait_for(batcher.submit(np.zeros((1, 1)), 1), 10)
+        await batcher.stop()
+        return recorder.batches
+
+    assert run(main()) == [[1]] * 4
+
+
+def test_as_the_rate_grows_a_free_instance_waits_for_the_rules_batch():
+    async def main():
+        recorder, clock = Recorder(), Clock()
+        first_done = asyncio.Event()
+        recorder.gate.clear()  # the first request's batch runs until the test opens the gate
+        batcher = DynamicBatcher(recorder, max_batch=8, max_delay_s=60.0, max_queue=10, rule=RULE, clock=clock,
+                                 on_batch=lambda stats: first_done.set())
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))  # no rate yet: runs at once
+        while batcher.executing == 0:
+            await asyncio.sleep(0)
+        queued = []
+        for i in range(1, 4):  # 1,000 requests/s by the clock, queued behind the running batch
+            clock.now = i * 0.001
+            queued.append(asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1)))
+            await asyncio.sleep(0)
+        recorder.gate.set()
+        await first
+        await first_done.wait()  # the worker has gone back for its next batch and is waiting in it
+        waiting = (batcher.executing, len(batcher.queue))
+        clock.now = 0.004
+        fourth = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))
+        await asyncio.wait_for(asyncio.gather(*queued, fourth), 10)
+        await batcher.stop()
+        return waiting, recorder.batches
+
+    waiting, batches = run(main())
+    assert waiting == (0, 3)  # three queued, none taken: the rule asks for 4 at this rate
+    assert batches == [[1], [1, 1, 1, 1]]
+
+
+def test_a_request_waits_for_the_rules_batch_no_longer_than_the_delay():
+    rule = BatchRule(8, 60.0, ((0.001, 1), (1e9, 8)))  # above 0.001 requests/s: wait for 8
+
+    async def main():
+        recorder, clock = Recorder(), Clock()
+        recorder.gate.clear()
+        batches_done = asyncio.Event()
+        batcher = DynamicBatcher(recorder, max_batch=8, max_delay_s=60.0, max_queue=10, rule=rule, clock=clock,
+                                 on_batch=lambda stats: batches_done.set())
+        batcher.start()
+        first = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))
+        while batcher.executing == 0:
+            await asyncio.sleep(0)
+        clock.now = 1.0
+        second = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))
+        await asyncio.sleep(0)
+        recorder.gate.set()
+        await first
+        await batches_done.wait()
+        waited = (batcher.executing, len(batcher.queue))  # 2 arrivals in 1 s: 1 request/s, wait for 8
+        clock.now = 61.5  # past the second request's minute; the third one's arrival wakes the worker
+        third = asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1))
+        await asyncio.wait_for(asyncio.gather(second, third), 10)
+        await batcher.stop()
+        return waited, recorder.batches
+
+    waited, batches = run(main())
+    assert waited == (0, 1) and batches == [[1], [1, 1]]  # the rule still asks for 8; the delay is over
+
+
+def test_the_batcher_and_the_simulation_take_the_same_batches_on_one_schedule():
+    """queueing.schedule (what the plan simulates) and the batcher (what serves) apply one rule: the same
+    arrivals, with batches that take no time, give the same batches."""
+    from inceptionlab import queueing
+
+    rule = queueing.BatchRule.for_cores(queueing.BatchTimes(0.0025, 0.0457, 32), queueing.Cores(2, 2, 0.0025), 2,
+                                        3600.0)
+    quiet = [float(t) for t in range(20)]
+    busy = [20.0 + t for t in queueing.poisson_arrivals(2000.0, 300, seed=5)]
+    arrivals = quiet + busy + [busy[-1] + 1.0 + t for t in range(20)]  # quiet again: the last ones flush
+
+    async def main():
+        recorder, clock = Recorder(), Clock()
+        batcher = DynamicBatcher(recorder, max_batch=32, max_delay_s=3600.0, max_queue=1000, rule=rule, clock=clock)
+        batcher.start()
+        pending = []
+        for at in arrivals:
+            clock.now = at
+            pending.append(asyncio.create_task(batcher.submit(np.zeros((1, 1)), 1)))
+            # Until the worker has seen this arrival (it clears the arrival flag only once it waits again,
+            # after looking at the queue) and finished any batch it took (its run takes no time, in a thread).
+            for _ in range(10_000):
+                await asyncio.sleep(0)
+                if batcher.executing == 0 and not batcher._arrival.is_set():
+                    break
+        await asyncio.wait_for(asyncio.gather(*pending), 10)
+        await batcher.stop()
+        return [sum(batch) for batch in recorder.batches]
+
+    _, simulated = queueing.schedule(arrivals, 1, queueing.BatchTimes(0.0, 0.0, 32), rule)
+    served = run(main())
+    assert served == simulated and max(served) > 1

@@ -128,3 +128,52 @@ def test_the_demo_the_benchmark_trains_is_the_one_make_demo_gives_when_auto_pick
     assert command[1:4] == ["-m", "inceptionlab", "demo"]
     assert ("train.epochs=1" in command) is one_epoch
     assert serve_benchmark.demo_run(args) and len(commands) == 1  # trained once: the next run reuses it
+
+
+def test_the_prediction_is_read_from_the_start_up_line_the_server_prints(serve_benchmark):
+    """The benchmark reads the chosen plan's predicted rate from the server's log: the line as
+    hardware.ServeDecision writes it (figures like the demo model's on a 2-core CPU)."""
+    from inceptionlab import hardware
+
+    figures = {"1x1": 400.0, "1x32": 700.0, "2x1": 465.0, "2x32": 989.0}
+    decision = hardware.decide_serving(hardware.serve_plans(2, False, None, None), lambda plan, s: figures[plan.label],
+                                       cpus=2, gpu=False, host=hardware.HostWork(0.0025, "a 773x512 JPEG"))
+    log_text = f"agreement images: ...\nserving demo: inception_v3 ... warmed in 0.6 s; {decision.line()}\nready: ...\n"
+    found = serve_benchmark.predicted(log_text)
+    assert found == {"plan": decision.plan.label, "rate": decision.latency[decision.plan.label].rate}
+    pinned = hardware.decide_serving([hardware.ServePlan(1, 4)], None, cpus=2, gpu=False, delay_ms=2.0)
+    assert serve_benchmark.predicted(f"serving demo: ...; {pinned.line()}\n") is None  # nothing simulated
+
+
+def raw_comparison(auto: list[float], unbatched: list[float], peer: list[float], predicted: float | None) -> dict:
+    served = {"instances": 1, "max_batch": 32, "max_delay_ms": 10.0, "backend": "openvino", "precision": "bf16",
+              "predicted": {"plan": "1x32", "rate": predicted} if predicted else None}
+    record = lambda rates, body, as_served: {"served_as": as_served, "body": body,  # noqa: E731
+                                             "low_load": {"p50_ms": 5.0, "p99_ms": 9.0},
+                                             "sweeps": [{"best_rate": r, "rows": [{"rate": r}]} for r in rates]}
+    return {"model": "demo", "body": "raw", "peer": "litserve", "loadavg_before": [0.5], "loadavg_after": [0.9],
+            "servers": {"inceptionlab": record(auto, "raw", served),
+                        "inceptionlab max-batch-1": record(unbatched, "raw", {**served, "max_batch": 1,
+                                                                              "predicted": None}),
+                        "litserve": record(peer, "multipart", {**served, "backend": "litserve onnxruntime",
+                                                               "predicted": None})}}
+
+
+def test_raw_bodies_are_judged_against_the_peers_multipart_the_unbatched_server_and_the_prediction(serve_benchmark):
+    comparison = raw_comparison([240.0, 250.0, 236.0], [170.0, 180.0, 175.0], [117.0, 117.0, 110.0], 230.0)
+    checks = {c["target"]: c for c in serve_benchmark.targets([], [comparison])}
+    peer = checks["demo, raw image bodies: inceptionlab's SLO rate >= 2x litserve's (multipart), every repetition"]
+    assert peer["held"] and peer["applies"] and peer["measured"].startswith("240.0/s vs 117.0/s (2.05x)")
+    batching = checks["demo, raw image bodies: inceptionlab's SLO rate >= 1.3x with --max-batch 1, every repetition"]
+    assert batching["held"] and batching["applies"]
+    prediction = checks["demo, raw image bodies: the start-up line's predicted rate within 20% of the measured one"]
+    assert prediction["held"] and prediction["measured"] == "1x32 predicted 230.0/s, measured 240.0/s (+4%)"
+    # one repetition short of 1.3x fails batching; a prediction 30% high fails the prediction
+    comparison = raw_comparison([240.0, 220.0, 236.0], [170.0, 180.0, 175.0], [117.0, 117.0, 110.0], 340.0)
+    checks = {c["target"]: c["held"] for c in serve_benchmark.targets([], [comparison])}
+    assert [held for target, held in checks.items() if "max-batch" in target] == [False]
+    assert [held for target, held in checks.items() if "predicted" in target] == [False]
+    # the peer's multipart record is its own row, not repeated under our raw bodies
+    rows = serve_benchmark.peer_rows([comparison])
+    assert [r["config"] for r in rows] == ["inceptionlab, raw image bodies", "inceptionlab max-batch-1, raw image bodies"]
+    assert rows[0]["predicted_rate"] == 340.0 and rows[1]["predicted_rate"] is None

@@ -432,3 +432,49 @@ def test_grpc_port_is_checked_before_any_model_loads(cli):
         taken = cli("serve", "--model", "inception_v3", "--port", "0", "--grpc-port", str(port))
     assert taken.code == 2 and f"--grpc-port {port}: cannot listen on 127.0.0.1:{port}" in taken.err
     assert "--grpc-port off" in taken.err and "serving" not in taken.out  # refused before loading the model
+
+
+# Another program takes the gRPC port while the models load (after the check above): a model measured
+# at start-up takes seconds to minutes, and two servers started at once both pass the check.
+TAKE_PORT_WHILE_LOADING = """
+import socket, sys
+from inceptionlab.cli.app import main
+from inceptionlab.serve import models
+
+load, held = models.load_served_model, []
+
+def loading(*args, **kwargs):
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    other.bind(("127.0.0.1", int(sys.argv[1])))
+    other.listen()
+    held.append(other)
+    return load(*args, **kwargs)
+
+models.load_served_model = loading
+main(sys.argv[2:])
+"""
+
+
+def test_a_grpc_port_taken_while_the_models_load_is_a_one_line_error_before_serving(tiny):
+    """The port was free when checked and taken when gRPC bound it, inside the app's start-up: uvicorn
+    printed the right message inside `ERROR: Traceback ...` and `Application startup failed`, and the
+    command exited 0. Both front ends bind before anything serves, and a failure is one line, exit 2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", TAKE_PORT_WHILE_LOADING, str(port), "serve", f"tiny={tiny[0]}", "--backend", "eager",
+         "--precision", "fp32", "--device", "cpu", "--max-batch", "1", "--instances", "1", "--port", "0",
+         "--grpc-port", str(port)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "startup failed" not in done.stderr, done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert f"127.0.0.1:{port}" in error and "--grpc-port off" in error, done.stderr
+    assert "ready:" not in done.stdout

@@ -28,6 +28,7 @@ from PIL import Image
 from serve_helpers import serve_model, train_tiny_run, uvicorn_thread
 from tritonclient.utils import InferenceServerException
 
+from inceptionlab import hardware
 from inceptionlab.serve import models as served_models
 from inceptionlab.serve.app import create_app
 from inceptionlab.serve.grpc_server import decode_request
@@ -284,6 +285,30 @@ def test_the_planned_batch_size_does_not_limit_the_images_one_request_holds(tiny
     assert too_many.status_code == 400 and "more than 32 images in one request" in error and "--max-batch 1" not in error
     # Clients (Triton's, perf_analyzer) size their requests by max_batch_size; the plan shows as the batch sizes.
     assert config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [1]
+
+
+def test_a_request_limit_auto_set_is_named_as_auto_whatever_batch_the_plan_chose(tiny, monkeypatch):
+    """Under `--max-batch auto` a request may hold 32 images (hardware.AUTO_MAX_BATCH) whatever the plan;
+    when the plan chose batches of 32 too, a request of 33 was refused as "more than 32 images in one
+    request (--max-batch 32)", an option the user never set. The refusal names auto's limit instead."""
+    plan = hardware.ServeDecision(hardware.ServePlan(1, 32), 1.0, source="measured")  # what timing picks where batching pays
+    monkeypatch.setattr(served_models, "decide_plan", lambda opener, settings: plan)
+    served = serve_model(tiny[0], max_batch=None)
+    assert served.max_batch == served.max_request == 32
+    png = a_png(tiny)
+    blobs = encode_bytes_elements([png] * 33)
+    header = json.dumps({"inputs": [{"name": "image_bytes", "shape": [33, 1], "datatype": "BYTES",
+                                     "parameters": {"binary_data_size": len(blobs)}}]}).encode()
+    app = create_app([served], RequestSettings())
+    with uvicorn_thread(app) as base:
+        as_files = httpx.post(f"{base}/v1/classify", files=[("file", ("a.png", png, "image/png"))] * 33,
+                              timeout=WAIT_S)
+        as_tensor = httpx.post(f"{base}/v2/models/tiny/infer", content=header + blobs, timeout=WAIT_S,
+                               headers={"Inference-Header-Content-Length": str(len(header))})
+    for refused in (as_files, as_tensor):
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and "--max-batch 32" not in error, error
+        assert "32, the most one request holds with --max-batch auto" in error, error
 
 
 def test_a_request_larger_than_the_plan_counts_as_the_batches_it_ran(tiny):

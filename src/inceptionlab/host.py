@@ -12,6 +12,7 @@ import ctypes
 import logging
 import os
 import platform
+import socket
 import sys
 import threading
 import time
@@ -170,6 +171,19 @@ def shared_memory_space(path: str = SHARED_MEMORY) -> tuple[int, int] | None:
 
 PR_SET_NAME = 15  # linux/prctl.h
 OS_THREAD_NAME_BYTES = 15  # the kernel keeps 16 bytes, the last one the NUL
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why a server cannot listen on host:port (the OS's words), or None when it can: bound with
+    SO_REUSEADDR, as uvicorn and gRPC bind, so a port left in TIME_WAIT by a stopped server counts as free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def os_thread_name(name: str) -> bytes:

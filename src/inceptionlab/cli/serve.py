@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import socket
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -38,7 +37,11 @@ def serve(
                                  "are printed at start-up). A model slower than it even alone is planned for 5x "
                                  "its fastest lone request instead."),
     max_delay_ms: str = typer.Option("auto", "--max-delay-ms", help="Longest a request waits for its batch to "
-                                     "fill, ms; auto: 10% of one unbatched inference (1-10 ms), 0 unbatched."),
+                                     "fill, ms. Under a light load a request runs at once; as the rate grows, a "
+                                     "free instance waits for the batch the measured batch times say keeps the "
+                                     "cores from overloading. auto: 10% of --slo-ms or no wait, whichever the "
+                                     "plan's simulation holds the higher rate with; 0 unbatched. Set together with "
+                                     "--max-batch and --instances: Triton's rule, wait up to it for a full batch."),
     max_queue: int = typer.Option(256, "--max-queue", min=1, help="Queued requests per model; one more gets "
                                   "503 + Retry-After."),
     instances: str = typer.Option("auto", "--instances", help="Batches in flight per model (one session and "
@@ -221,15 +224,10 @@ def _bracketed(host: str) -> str:
 
 
 def _check_free(host: str, port: int | None, option: str) -> None:
-    """Refuse a port another process listens on, before the models load (SO_REUSEADDR, as both
-    servers bind: a port left in TIME_WAIT by a stopped server is free)."""
-    if not port:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise UserError(f"{option} {port}: cannot listen on {host}:{port} ({exc.strerror}); pick another "
-                            "port" + (" or --grpc-port off" if option == "--grpc-port" else "")) from None
+    """Refuse a port another process listens on, before the models load."""
+    from inceptionlab.host import port_in_use
+
+    reason = port_in_use(host, port) if port else None
+    if reason:
+        raise UserError(f"{option} {port}: cannot listen on {host}:{port} ({reason}); pick another port"
+                        + (" or --grpc-port off" if option == "--grpc-port" else ""))

@@ -26,7 +26,18 @@ DEFAULT_SLO_MS = 100.0  # a person waiting on an answer; the serving benchmark's
 # img/s saturated), whose simulated rate within 5x is half that of 2 x 1 (3.9 against 7.7/s); measured
 # under Poisson arrivals at 3-4.5/s, 2 x 32 answered at p50 ~217 ms where 1 x 1 did at ~125 ms.
 SLOW_MODEL_SLO_FACTOR = 5.0
-LIGHT_LOAD = 0.2  # of the best plan's rate, where "latency at a light load" is compared
+# "Latency at a light load" is compared at this share of the LOWEST rate any plan holds: a rate every plan
+# serves with room to spare. 20% of the best plan's rate was 2.5x what the unbatched plans of the
+# Fashion-MNIST MLP serve at all (200,000 against ~16,000 images/s), so their simulated queues grew for the
+# whole run and a 0.08 ms model read "p50 95-138 ms light".
+LIGHT_LOAD = 0.2
+# --max-delay-ms auto: this share of the objective planned for (10 ms for a 100 ms p99), or no wait at all,
+# whichever the simulation says holds the higher rate for the plan. The rule waits only under load, for the
+# batch the load calls for. Simulated on the demo model's saturation figures (tests/test_serve_plan.py DEMO,
+# a 2-core AMD EPYC) with 1.5-4 ms of host work per request, waits of at most 10 ms held the highest rate of
+# 10, 25 and 50 ms with two instances, and within 7% of it with one; longer waits lost up to half the rate
+# with two instances (a batch waiting while the other instance idles).
+DELAY_SHARE = 0.1
 AUTO_MAX_BATCH = 32
 MAX_AUTO_INSTANCES = 4
 SERVE_BUDGET_S = 20.0
@@ -73,40 +84,97 @@ def batch_times(plan: ServePlan, figures: Mapping[str, float]) -> queueing.Batch
     return queueing.BatchTimes(plan.instances / single, plan.instances * plan.max_batch / full, plan.max_batch)
 
 
-def auto_delay_ms(plan: ServePlan, single_img_per_s: float | None) -> float:
-    """How long a request may wait for a batch to fill: 10% of one unbatched inference, 1-10 ms (a
-    fuller batch is worth at most that much of a lone request's latency); 0 when unbatched."""
-    if plan.max_batch == 1 or not single_img_per_s:
-        return 0.0
-    return round(min(10.0, max(1.0, 100.0 / single_img_per_s)), 1)
-
-
-def plan_delay_ms(plan: ServePlan, figures: Mapping[str, float], delay_ms: float | None) -> float:
-    """--max-delay-ms as set, else `auto_delay_ms` from one stream's images/s (1 / batch-1 latency)."""
+def plan_delays(plan: ServePlan, slo_ms: float, delay_ms: float | None) -> list[float]:
+    """The delays (ms) to simulate the plan with: --max-delay-ms as set; else, for a batched plan,
+    DELAY_SHARE of the objective (the longest a request waits for the batch its load calls for; under a
+    light load it waits for nothing) and 0 (an instance takes what is queued when it is free); 0 unbatched."""
     if delay_ms is not None:
-        return delay_ms
-    unbatched = figures.get(ServePlan(plan.instances, 1).label)
-    return auto_delay_ms(plan, unbatched / plan.instances if unbatched else None)
+        return [delay_ms]
+    return [0.0] if plan.max_batch == 1 else [round(DELAY_SHARE * slo_ms, 1), 0.0]
+
+
+@dataclass(frozen=True)
+class HostWork:
+    """CPU seconds of one request's work outside the batches (decoding and transforming its image, the
+    protocol's parsing and answer), measured at start-up on `sample`, run on the same cores as the batches."""
+
+    seconds: float
+    sample: str  # what was measured, e.g. "a 773x512 JPEG"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a plan runs on besides its batch times: the CPUs this process may use, a GPU or not, and each
+    request's host work (None: not measured, left out)."""
+
+    cpus: int
+    gpu: bool = False
+    host: HostWork | None = None
+
+    def threads(self, plan: ServePlan) -> int:
+        """The cores each instance keeps busy while it runs a batch (its threads; 1 on a GPU)."""
+        return 1 if self.gpu else instance_threads(self.cpus, plan.instances)
+
+    def cores(self, plan: ServePlan) -> queueing.Cores:
+        return queueing.Cores(self.cpus, plan.instances * self.threads(plan), self.host.seconds if self.host else 0.0)
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    """One plan as the simulation sees it: its batch times, its batching rule, the cores it shares."""
+
+    plan: ServePlan
+    times: queueing.BatchTimes
+    rule: queueing.BatchRule
+    cores: queueing.Cores
+    threads: int
+
+    def latency_ms(self, rate: float, quantile: float) -> float:
+        return 1e3 * queueing.latency_at(rate, self.plan.instances, self.times, self.rule, quantile, cores=self.cores,
+                                         threads_per_instance=self.threads)
+
+    def slo_rate(self, slo_ms: float) -> float:
+        return queueing.slo_rate(self.plan.instances, self.times, self.rule, slo_ms / 1e3, cores=self.cores,
+                                 threads_per_instance=self.threads)
+
+
+def plan_model(plan: ServePlan, figures: Mapping[str, float], machine: Machine, delay_ms: float) -> PlanModel | None:
+    """The plan's batch times, cores and batching rule (`queueing.BatchRule.for_cores`) with `delay_ms`;
+    None when its figures are missing."""
+    times = batch_times(plan, figures)
+    if times is None:
+        return None
+    cores, threads = machine.cores(plan), machine.threads(plan)
+    return PlanModel(plan, times, queueing.BatchRule.for_cores(times, cores, threads, delay_ms / 1e3), cores, threads)
 
 
 @dataclass(frozen=True)
 class PlanLatency:
-    """What the simulation says of one plan: its highest rate within the SLO, its p50 at a light load."""
+    """What the simulation says of one plan: its highest rate within the SLO, its p50 at a light load,
+    and the delay that holds it (of `plan_delays`)."""
 
     rate: float  # requests/s (Poisson) holding p99 <= SLO; 0: not even a lone request does
     light_p50_ms: float
+    delay_ms: float = 0.0
 
 
-def simulate_plans(plans: list[ServePlan], figures: Mapping[str, float], slo_ms: float,
-                   delay_ms: float | None) -> dict[str, PlanLatency]:
-    """Each plan with measured batch times, through queueing.py at the SLO."""
-    times = {p.label: t for p in plans if (t := batch_times(p, figures)) is not None}
-    rates = {p.label: queueing.slo_rate(p.instances, times[p.label], plan_delay_ms(p, figures, delay_ms) / 1e3,
-                                        slo_ms / 1e3) for p in plans if p.label in times}
-    light = max(LIGHT_LOAD * max(rates.values(), default=0.0), queueing.LONE)
-    return {p.label: PlanLatency(round(rates[p.label], 1), round(1e3 * queueing.latency_at(
-        light, p.instances, times[p.label], plan_delay_ms(p, figures, delay_ms) / 1e3, 50.0), 2))
-        for p in plans if p.label in rates}
+def simulate_plans(plans: list[ServePlan], figures: Mapping[str, float], slo_ms: float, delay_ms: float | None,
+                   machine: Machine) -> dict[str, PlanLatency]:
+    """Each plan with measured batch times, through queueing.py at the SLO, with its batching rule and
+    each request's host work on the same cores; of its delays (`plan_delays`), the one holding the
+    higher rate (the shorter on a tie)."""
+    chosen: dict[str, tuple[float, PlanModel, float]] = {}
+    for plan in plans:
+        for delay in plan_delays(plan, slo_ms, delay_ms):
+            model = plan_model(plan, figures, machine, delay)
+            if model is None:
+                break
+            rate = model.slo_rate(slo_ms)
+            if plan.label not in chosen or (rate, -delay) > (chosen[plan.label][0], -chosen[plan.label][2]):
+                chosen[plan.label] = (rate, model, delay)
+    light = max(LIGHT_LOAD * min((rate for rate, _, _ in chosen.values() if rate > 0), default=0.0), queueing.LONE)
+    return {label: PlanLatency(round(rate, 1), round(model.latency_ms(light, 50.0), 2), delay)
+            for label, (rate, model, delay) in chosen.items()}
 
 
 def pick_plan(plans: list[ServePlan], latency: Mapping[str, PlanLatency], figures: Mapping[str, float],
@@ -135,17 +203,24 @@ class ServeDecision:
     slo_ms: float = DEFAULT_SLO_MS  # the objective asked for
     latency: dict[str, PlanLatency] = field(default_factory=dict)
     planned_slo_ms: float | None = None  # the objective planned for: slo_ms unless no plan can hold it
+    rule: queueing.BatchRule | None = None  # None: wait up to max_delay_ms for a full batch (Triton's rule)
+    host: HostWork | None = None  # each request's host work, as measured and simulated
 
     def __post_init__(self) -> None:
         if self.planned_slo_ms is None:
             self.planned_slo_ms = self.slo_ms
+        if self.rule is None:
+            self.rule = queueing.BatchRule.full(self.plan.max_batch, self.max_delay_ms / 1e3)
 
     def line(self) -> str:
         how = {"measured": f"measured in {self.seconds:.1f} s", "cached": "cached measurement", "probe": "as set",
                "pinned": "as set"}[self.source]
         threads = f", {self.threads} thread(s) each" if self.threads else ""
+        batching = f": {self.rule.describe()}" if self.plan.max_batch > 1 else ""
+        host = f"; host work {1e3 * self.host.seconds:.2f} ms of CPU per request ({self.host.sample})" \
+            if self.host else ""
         return (f"serving plan: {self.plan.instances} instance(s){threads}, max batch {self.plan.max_batch}, "
-                f"max delay {self.max_delay_ms:g} ms ({how}{self._evidence()})")
+                f"max delay {self.max_delay_ms:g} ms{batching} ({how}{host}{self._evidence()})")
 
     def _evidence(self) -> str:
         shown = [label for label in self.img_per_s if label in self.latency] or list(self.img_per_s)
@@ -159,44 +234,50 @@ class ServeDecision:
                     f"saturation img/s: {saturation}")
         held = ", ".join(f"{label} {plan.rate:.1f}/s (p50 {plan.light_p50_ms:g} ms light)" for label, plan in rates)
         objective = f"p99 <= {self.planned_slo_ms:g} ms"
+        simulated = "simulated from batch times" + (" and host work" if self.host else "")
         if self.planned_slo_ms != self.slo_ms:
             return (f"; no plan holds p99 <= {self.slo_ms:g} ms here (--slo-ms); planned for {objective} "
                     f"({SLOW_MODEL_SLO_FACTOR:g}x the fastest lone request): highest Poisson rate holding it, "
-                    f"simulated from batch times: {held}; saturation img/s: {saturation}")
-        return (f"; highest Poisson rate holding {objective}, simulated from batch times: {held}; "
-                f"saturation img/s: {saturation}")
+                    f"{simulated}: {held}; saturation img/s: {saturation}")
+        return f"; highest Poisson rate holding {objective}, {simulated}: {held}; saturation img/s: {saturation}"
 
 
 def decide_serving(plans: list[ServePlan], measure: Callable[[ServePlan, float], float | None] | None, *,
                    cpus: int, gpu: bool, key: CacheKey | None = None, cache: SpeedCache | None = None,
                    fresh: bool = False, delay_ms: float | None = None, slo_ms: float = DEFAULT_SLO_MS,
-                   clock: Callable[[], float] = time.perf_counter) -> ServeDecision:
+                   clock: Callable[[], float] = time.perf_counter, host: HostWork | None = None) -> ServeDecision:
     """Measure (or recall) each plan's saturation images/s, simulate each under Poisson arrivals at the
-    SLO, and pick one (`pick_plan`); the delay follows the plan. A single plan (all set by the user)
-    is kept; only its delay may need its batch-1 figure."""
+    SLO with its batching rule and each request's `host` work, and pick one (`pick_plan`); the delay and
+    the rule follow the plan. A single plan (instances and max batch set by the user) is kept; with its
+    delay left auto, it and its batch-1 twin are timed for its rule; with everything set, it batches by
+    Triton's rule (wait up to the delay for a full batch) and nothing is timed."""
     started = clock()
+    machine = Machine(cpus, gpu, host)
     if len(plans) == 1:
-        figures, source = {}, "pinned"
-        if delay_ms is None and plans[0].max_batch > 1 and measure is not None:
-            figures, source = measured_figures([ServePlan(plans[0].instances, 1)], measure, key, cache, fresh,
-                                               SERVE_BUDGET_S, {}, clock, stop_when_spent=False)
-        choice, latency, planned_slo_ms = plans[0], {}, slo_ms
+        choice, figures, source, latency, planned_slo_ms = plans[0], {}, "pinned", {}, slo_ms
+        if delay_ms is None and choice.max_batch > 1 and measure is not None:
+            figures, source = measured_figures(measured_plans(plans), measure, key, cache, fresh, SERVE_BUDGET_S, {},
+                                               clock, stop_when_spent=False)
+            latency = simulate_plans(plans, figures, slo_ms, delay_ms, machine)
     else:
         figures, source = measured_figures(measured_plans(plans), measure, key, cache, fresh, SERVE_BUDGET_S, {},
                                            clock, stop_when_spent=False)
-        planned_slo_ms, latency = objective_and_latency(plans, figures, slo_ms, delay_ms)
+        planned_slo_ms, latency = objective_and_latency(plans, figures, slo_ms, delay_ms, machine)
         choice = pick_plan(plans, latency, figures)
-    threads = None if gpu else instance_threads(cpus, choice.instances)
-    return ServeDecision(choice, plan_delay_ms(choice, figures, delay_ms), figures, source, clock() - started,
-                         threads, slo_ms, latency, planned_slo_ms)
+    delay = latency[choice.label].delay_ms if choice.label in latency else plan_delays(choice, planned_slo_ms,
+                                                                                       delay_ms)[0]
+    model = plan_model(choice, figures, machine, delay)  # None: nothing timed, Triton's rule
+    return ServeDecision(choice, delay, figures, source, clock() - started,
+                         None if gpu else machine.threads(choice), slo_ms, latency, planned_slo_ms,
+                         model.rule if model else None, host if latency else None)
 
 
 def objective_and_latency(plans: list[ServePlan], figures: Mapping[str, float], slo_ms: float,
-                          delay_ms: float | None) -> tuple[float, dict[str, PlanLatency]]:
+                          delay_ms: float | None, machine: Machine) -> tuple[float, dict[str, PlanLatency]]:
     """The objective to plan for and each plan simulated at it: `slo_ms`, unless no plan holds even that
     (every plan slower alone than the objective); then SLOW_MODEL_SLO_FACTOR x the fastest lone request."""
-    latency = simulate_plans(plans, figures, slo_ms, delay_ms)
+    latency = simulate_plans(plans, figures, slo_ms, delay_ms, machine)
     if not latency or any(plan.rate > 0 for plan in latency.values()):
         return slo_ms, latency
     relaxed = round(SLOW_MODEL_SLO_FACTOR * min(plan.light_p50_ms for plan in latency.values()), 1)
-    return relaxed, simulate_plans(plans, figures, relaxed, delay_ms)
+    return relaxed, simulate_plans(plans, figures, relaxed, delay_ms, machine)

@@ -92,7 +92,9 @@ class LoadSettings:
     max_requests: int = 100_000  # hard cap on one measurement's schedule
     api_key: str | None = None  # sent as `Authorization: Bearer KEY` (our server's --api-key)
     protocol: str = "http"  # http | grpc
-    body: str = "binary"  # http: binary (the binary tensor data extension) | json (the plain JSON form)
+    body: str = "binary"  # http: binary (the binary tensor data extension) | json (the plain JSON form) | raw
+    # (the image file as the body) | multipart (a form with the file): payloads.BODIES
+    path: str | None = None  # http: the route requests go to ({model}: its name); None: transports.request_path
 
 
     def check(self) -> None:
@@ -323,7 +325,8 @@ def open_transport(settings: LoadSettings) -> Transport:
         from inceptionlab.loadtest.grpc_client import GrpcTransport
 
         return GrpcTransport(settings.url, settings.api_key)
-    return HttpTransport(settings.url, settings.connections, settings.api_key, settings.timeout, settings.body)
+    return HttpTransport(settings.url, settings.connections, settings.api_key, settings.timeout, settings.body,
+                         settings.path)
 
 
 @dataclass

@@ -27,7 +27,12 @@ from inceptionlab.errors import UserError
 from inceptionlab.serve.protocol import DTYPES, HEADER_LENGTH, encode_bytes_elements, tensor_from_raw
 
 PAYLOADS = ("image", "tensor", "fp32")
-BODIES = ("binary", "json")  # HTTP: the binary tensor data extension, or plain JSON
+# HTTP: the binary tensor data extension, or plain JSON (both the protocol's infer route); or the image
+# file itself as the body (`raw`), or as a form's one file (`multipart`): what a web page or a phone
+# sends to a classify route (ours: /v1/classify), no tensor protocol at all.
+BODIES = ("binary", "json", "raw", "multipart")
+FILE_BODIES = ("raw", "multipart")
+MULTIPART_BOUNDARY = "inceptionlab-loadtest-boundary"
 # Generated JPEGs when no images are given and the sample pictures are absent: 500x375 is the
 # typical ImageNet validation picture (~110 KB decoded, ~20-40 KB as JPEG).
 GENERATED_SIZE = (500, 375)
@@ -174,8 +179,24 @@ def tensor_requests(info: ModelInfo, payload: str, encoded: list[bytes]) -> list
             for array in tensor_pictures(encoded, channels, height, width, DTYPES[datatype])]
 
 
+def file_body(data: bytes, body: str) -> Prepared:
+    """An encoded image as a request of its own: the file's bytes as the body (`raw`), or a form of one
+    file field (`multipart`, built once here as a browser builds it)."""
+    if body == "raw":
+        return Prepared(data, {"Content-Type": "application/octet-stream"})
+    head = (f'--{MULTIPART_BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="image"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n").encode()
+    return Prepared(head + data + f"\r\n--{MULTIPART_BOUNDARY}--\r\n".encode(),
+                    {"Content-Type": f"multipart/form-data; boundary={MULTIPART_BOUNDARY}"})
+
+
 def prepare_requests(info: ModelInfo, payload: str, encoded: list[bytes], body: str = "binary") -> list[Prepared]:
-    """The HTTP bodies of `tensor_requests`, in the binary extension's form or the plain JSON one."""
+    """The HTTP bodies of `tensor_requests`, in the binary extension's form or the plain JSON one; or each
+    encoded image as a request of its own (`FILE_BODIES`, payload image only)."""
+    if body in FILE_BODIES:
+        if payload != "image":
+            raise UserError(f"body {body} sends image files: use payload image, not {payload}")
+        return [file_body(data, body) for data in encoded]
     tensors = tensor_requests(info, payload, encoded)
     if body == "json":
         return [json_infer_body(t) for t in tensors]

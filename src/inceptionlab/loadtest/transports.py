@@ -23,7 +23,7 @@ from typing import Protocol
 import aiohttp
 
 from inceptionlab.errors import UserError
-from inceptionlab.loadtest.payloads import ModelInfo, Prepared, prepare_requests
+from inceptionlab.loadtest.payloads import FILE_BODIES, ModelInfo, Prepared, prepare_requests
 from inceptionlab.loadtest.server_metrics import scrape
 
 PROTOCOLS = ("http", "grpc")
@@ -73,9 +73,10 @@ class HttpTransport:
 
     protocol = "http"
 
-    def __init__(self, url: str, connections: int, api_key: str | None, timeout: float, body: str = "binary"):
+    def __init__(self, url: str, connections: int, api_key: str | None, timeout: float, body: str = "binary",
+                 path: str | None = None):
         # Made in the running event loop (open_client): aiohttp binds its session to it.
-        self.target, self.body = url, body
+        self.target, self.body, self.path = url, body, path
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
                                              timeout=aiohttp.ClientTimeout(total=timeout), headers=headers)
@@ -118,7 +119,7 @@ class HttpTransport:
                          "(--protocol http takes the server's HTTP URL, e.g. http://127.0.0.1:8000)")
 
     def prepare(self, info: ModelInfo, payload: str, encoded: list[bytes]) -> list[Prepared]:
-        self.endpoint = f"{self.target}/v2/models/{info.name}/infer"
+        self.endpoint = f"{self.target}{request_path(self.path, self.body, info.name)}"
         return prepare_requests(info, payload, encoded, self.body)
 
     async def send(self, request: Prepared, scheduled: float, timeout: float) -> Record:
@@ -142,6 +143,14 @@ class HttpTransport:
 
     async def aclose(self) -> None:
         await self.session.close()
+
+
+def request_path(path: str | None, body: str, model: str) -> str:
+    """Where requests go: `path` as given ({model} stands for the model's name), else the protocol's infer
+    route, or our server's classify route for an image file as the body or a form (FILE_BODIES)."""
+    if path is None:
+        path = "/v1/classify?model={model}" if body in FILE_BODIES else "/v2/models/{model}/infer"
+    return path.replace("{model}", model)
 
 
 def _wants_key(url: str) -> UserError:

@@ -17,13 +17,14 @@ import json
 import time
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from inceptionlab.errors import UserError
 from inceptionlab.serve.batcher import request_limit
@@ -197,12 +198,11 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await bind_grpc_port(app)  # `serve` bound it already (server.py); an app served otherwise binds it here
         state.start()
-        grpc_front = None
-        if grpc_address is not None:
-            from inceptionlab.serve.grpc_server import start_grpc  # grpcio: only when gRPC is asked for
-
-            grpc_front = await start_grpc(state, grpc_address)
+        grpc_front = app.state.grpc_front
+        if grpc_front is not None:
+            await grpc_front.start()
         sampler = asyncio.create_task(live.run())
         yield
         if not state.abandoned:
@@ -215,6 +215,7 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     app = FastAPI(title="inceptionlab", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serve = state
     app.state.live = live
+    app.state.grpc_address, app.state.grpc_front = grpc_address, None
     _install_errors(app)
     # The last one added runs first: ids, then the key and the concurrency bound (both answer from the
     # headers alone), then the body limit, which reads the body.
@@ -231,6 +232,15 @@ def create_app(models: list[ServedModel], settings: RequestSettings | None = Non
     _live_routes(app, state, live)
     install_explain_route(app, state, explain)
     return app
+
+
+async def bind_grpc_port(app: FastAPI) -> None:
+    """Bind the gRPC front end's port (when the app serves gRPC and has not bound it yet); it serves once the
+    app starts. A port in use is a UserError."""
+    if app.state.grpc_address is not None and app.state.grpc_front is None:
+        from inceptionlab.serve.grpc_server import bind_grpc  # grpcio: only when gRPC is asked for
+
+        app.state.grpc_front = await bind_grpc(app.state.serve, app.state.grpc_address)
 
 
 def _install_errors(app: FastAPI) -> None:
@@ -313,19 +323,30 @@ def _oip_routes(app: FastAPI, state: ServeState) -> None:
     async def model_config(name: str, version: str = "") -> dict:
         return state.model_config(name, version)
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(name: str, request: Request, version: str = "") -> Response:
+    async def infer(request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params.get("version", "")
         model = state.model(name, version)
         body = await request.body()
         async with state.counted(name, "http", request.state.request_id) as counted:
             state.refuse_early(name)
-            parse = (parse_infer_request, body, request.headers.get(HEADER_LENGTH))
-            parsed = await state.in_thread(*parse) if _json_bytes(*parse[1:]) > PARSE_IN_THREAD_BYTES \
-                else parse[0](*parse[1:])
-            outputs = await state.infer(model, parsed, counted)
+            header_length = request.headers.get(HEADER_LENGTH)
+            if _json_bytes(body, header_length) > PARSE_IN_THREAD_BYTES:  # parsed and decoded in one job
+                parsed, prepared = await state.in_thread(state.parse_and_prepare, model, body, header_length)
+            else:
+                parsed, prepared = parse_infer_request(body, header_length), None
+            outputs = await state.infer(model, parsed, counted, prepared=prepared)
             payload, headers = encode_infer_response(name, MODEL_VERSION, parsed, outputs)
             return Response(payload, headers=headers)
+
+    hot_route(app, "/v2/models/{name}/infer", infer)
+    hot_route(app, "/v2/models/{name}/versions/{version}/infer", infer)
+
+
+def hot_route(app: FastAPI, path: str, endpoint: Callable[[Request], Awaitable[Response]]) -> None:
+    """An inference route as a plain Starlette route, first in the router's list: FastAPI's parameter
+    injection and a scan past the other routes cost the event loop ~30% of its Python calls per request
+    (the demo model's /v1/classify, counted with sys.setprofile). Path and query values are read by hand."""
+    app.router.routes.insert(0, Route(path, endpoint, methods=["POST"]))
 
 
 def _no_load_parameters(body: bytes) -> None:
@@ -383,11 +404,10 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
                             "reject_threshold": m.rule.threshold, "tta": m.tta, "rule": m.rule.to_dict()}
                            for m in state.models.values()]}
 
-    @app.post("/v1/classify")
-    async def classify(request: Request, model: str | None = None, topk: int | None = None) -> JSONResponse:
+    async def classify(request: Request) -> JSONResponse:
         started = time.perf_counter()
-        served = state.model(model or next(iter(state.models)))
-        k = topk or state.settings.topk
+        served = state.model(request.query_params.get("model") or next(iter(state.models)))
+        k = _topk(request.query_params.get("topk")) or state.settings.topk
         async with state.counted(served.name, "http", request.state.request_id) as counted:
             state.refuse_early(served.name)
             names, item, count, errors = await _classify_inputs(state, served, request)
@@ -396,6 +416,17 @@ def _classify_routes(app: FastAPI, state: ServeState) -> None:
             results = _classify_results(served, names, result, k, errors)
             return JSONResponse({"model": served.name, "results": results,
                                  "time_ms": round((time.perf_counter() - started) * 1e3, 2)})
+
+    hot_route(app, "/v1/classify", classify)
+
+
+def _topk(value: str | None) -> int | None:
+    """?topk=K: a positive whole number, or absent."""
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ServeError("invalid", f"topk {value!r}: give a positive whole number of classes")
+    return int(value)
 
 
 async def _classify_inputs(state: ServeState, served: ServedModel,
@@ -422,7 +453,8 @@ async def _uploaded_files(request: Request, served: ServedModel) -> list[tuple[s
     except StarletteHTTPException as exc:
         if "Too many files" not in str(exc.detail):
             raise
-        raise ProtocolError(f"more than {limit} images in one request ({request_limit(served.max_batch, limit)}); "
+        raise ProtocolError(f"more than {limit} images in one request "
+                            f"({request_limit(served.max_batch, limit, served.auto_limit)}); "
                             "split them") from None
     files = [(v.filename or key, await v.read()) for key, v in form.multi_items() if hasattr(v, "read")]
     if not files:

@@ -1,10 +1,13 @@
-"""Dynamic batching with Triton's semantics, on asyncio, computing in worker threads.
+"""Dynamic batching on asyncio, computing in worker threads, by queueing.BatchRule.
 
-- A request (one or more items along axis 0) waits at most `max_delay` from when the OLDEST
-  request of the batch arrived; the batch goes as soon as it holds `max_batch` items or the
-  delay is over. Requests are never split between batches: one bigger than `max_batch` (allowed
-  up to `max_request`) runs alone, and the run function takes it in pieces; one bigger than
-  `max_request` is refused (400).
+- A free instance takes what is queued (up to `max_batch` items) as soon as the queue holds the
+  batch the rule asks for at the current arrival rate: under a light load one request, which
+  then runs at once; as the rate grows, the batch that the measured batch-time curve says keeps
+  the cores from overloading. A request waits at most `max_delay` (from when the OLDEST request
+  of the batch arrived) for that batch to fill. Without a curve (`BatchRule.full`) the batch to
+  wait for is `max_batch`: Triton's plain dynamic batching. Requests are never split between
+  batches: one bigger than `max_batch` (allowed up to `max_request`) runs alone, and the run
+  function takes it in pieces; one bigger than `max_request` is refused (400).
 - The queue holds at most `max_queue` requests; one more is refused at once (QueueFull -> 503
   with Retry-After): a bounded queue keeps memory and latency bounded under overload.
 - `instances` batches run at the same time (one worker thread each, each with its own session):
@@ -23,12 +26,13 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from inceptionlab.host import name_os_thread
+from inceptionlab.queueing import ArrivalRate, BatchRule
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +50,8 @@ class _Entry:
     item: Any  # what the run function takes for this request (e.g. a float32 array)
     count: int  # items along axis 0
     future: asyncio.Future
+    arrived: float
     tag: str = ""  # the request's id, for the log of a failed batch
-    arrived: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -74,9 +78,16 @@ RunFn = Callable[[int, Sequence[Any]], Sequence[Any]]
 class DynamicBatcher:
     def __init__(self, run: RunFn, max_batch: int, max_delay_s: float, max_queue: int, instances: int = 1,
                  on_batch: Callable[[BatchStats], None] = lambda stats: None, name: str = "model",
-                 max_request: int | None = None):
+                 max_request: int | None = None, auto_limit: bool = False, rule: BatchRule | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.run, self.max_batch, self.max_delay, self.name = run, max_batch, max_delay_s, name
+        # The plan's rule, with the delay this server runs at (--max-delay-ms may differ from the plan's).
+        self.rule = replace(rule or BatchRule.full(max_batch, max_delay_s), max_batch=max_batch,
+                            max_delay_s=max_delay_s)
+        self.clock = clock
+        self.rate = ArrivalRate()
         self.max_request = max(max_request or 0, max_batch)
+        self.auto_limit = auto_limit  # max_request is --max-batch auto's, not a --max-batch the user set
         self.max_queue, self.instances, self.on_batch = max_queue, instances, on_batch
         self.queue: deque[_Entry] = deque()
         self.executing = 0  # requests inside a running batch
@@ -113,14 +124,16 @@ class DynamicBatcher:
     def check_size(self, count: int) -> None:
         """ValueError for a request bigger than max_request: a 400 whatever the load (retrying cannot help)."""
         if count > self.max_request:
-            raise ValueError(f"a request of {count} items exceeds {request_limit(self.max_batch, self.max_request)}; "
+            raise ValueError(f"a request of {count} items exceeds "
+                             f"{request_limit(self.max_batch, self.max_request, self.auto_limit)}; "
                              "split it")
 
     async def submit(self, item: Any, count: int, timeout_s: float | None = None, tag: str = "") -> Any:
         """Queue one request and wait for its result; QueueFull / Draining refuse it at once."""
         self.check_size(count)
         self.check_accepting()
-        entry = _Entry(item, count, asyncio.get_running_loop().create_future(), tag)
+        entry = _Entry(item, count, asyncio.get_running_loop().create_future(), self.clock(), tag)
+        self.rate.arrived(entry.arrived)
         self.queue.append(entry)
         self.peak_queue = max(self.peak_queue, len(self.queue))
         self._idle.clear()
@@ -170,15 +183,15 @@ class DynamicBatcher:
             batch = await self._next_batch()
             if not batch:
                 continue
-            started = time.perf_counter()
+            started = self.clock()
             try:
                 results = await loop.run_in_executor(self._executor, self.run, instance, [e.item for e in batch])
-                compute = time.perf_counter() - started
+                compute = self.clock() - started
                 for entry, result in zip(batch, results):
                     if not entry.future.done():
                         entry.future.set_result(result)
             except Exception as exc:  # a failed batch fails its requests, never the worker
-                compute = time.perf_counter() - started
+                compute = self.clock() - started
                 log.error("model %s: a batch of %d request(s) failed (request ids: %s)", self.name, len(batch),
                           ", ".join(e.tag or "-" for e in batch), exc_info=exc)
                 for entry in batch:
@@ -191,16 +204,17 @@ class DynamicBatcher:
                                      [started - e.arrived for e in batch], compute, self.max_batch))
 
     async def _next_batch(self) -> list[_Entry]:
-        """Wait for a request, then up to max_delay (from its arrival) for more to fill the batch."""
+        """Wait for a request, then, while the queue holds less than the rule's batch for the current
+        rate, up to max_delay (from the oldest's arrival) for more."""
         while True:
             self._drop_abandoned()
             if self.queue:
                 break
             self._arrival.clear()
             await self._arrival.wait()
-        deadline = self.queue[0].arrived + self.max_delay
-        while self._queued_items() < self.max_batch and not self.draining:
-            remaining = deadline - time.perf_counter()
+        deadline = self.queue[0].arrived + self.rule.max_delay_s
+        while self._queued_items() < self.rule.target(self.rate.rate) and not self.draining:
+            remaining = deadline - self.clock()
             if remaining <= 0:
                 break
             self._arrival.clear()
@@ -247,11 +261,13 @@ def consecutive_batches(count: int, max_batch: int) -> list[tuple[int, int]]:
     return [(start, min(start + max_batch, count)) for start in range(0, count, max_batch)] or [(0, 0)]
 
 
-def request_limit(max_batch: int, max_request: int) -> str:
-    """How the most items one request may hold is named in a refusal: the flag that set it."""
-    if max_request == max_batch:
+def request_limit(max_batch: int, max_request: int, auto: bool = False) -> str:
+    """How the most items one request may hold is named in a refusal: the flag that set it. `auto`: the
+    limit is --max-batch auto's (hardware.AUTO_MAX_BATCH), whatever batch the plan chose, even one equal to it."""
+    if max_request == max_batch and not auto:
         return f"--max-batch {max_batch}"
-    return f"{max_request}, the most one request holds with --max-batch auto (the plan batches {max_batch})"
+    plan = f" (the plan batches {max_batch})" if max_batch != max_request else ""
+    return f"{max_request}, the most one request holds with --max-batch auto{plan}"
 
 
 def split_rows(output: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:

@@ -33,6 +33,7 @@ from google.protobuf import json_format, message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from inceptionlab.errors import UserError
+from inceptionlab.host import port_in_use
 from inceptionlab.serve.proto import message, pool
 from inceptionlab.serve.protocol import (
     CONTENTS_FIELDS,
@@ -240,12 +241,17 @@ class GrpcFront:
     server: grpc.aio.Server
     port: int
 
+    async def start(self) -> None:
+        await self.server.start()
+
     async def stop(self) -> None:
         await self.server.stop(STOP_GRACE_S)
 
 
-async def start_grpc(state: ServeState, address: str) -> GrpcFront:
-    """Listen on `address` (HOST:PORT; port 0: any free one) and serve until `stop`."""
+async def bind_grpc(state: ServeState, address: str) -> GrpcFront:
+    """The gRPC server on `address` (HOST:PORT; port 0: any free one), its port bound and nothing served
+    until `start`: `serve` binds it before the app starts, so a port taken since the check before the
+    models loaded is a one-line error, not a failure inside uvicorn's start-up."""
     options = [
         ("grpc.so_reuseport", 0),  # a port in use is an error, not a second server sharing it
         ("grpc.max_receive_message_length", state.settings.max_body_bytes),  # HTTP's --max-body-mb
@@ -257,12 +263,17 @@ async def start_grpc(state: ServeState, address: str) -> GrpcFront:
                              maximum_concurrent_rpcs=state.settings.max_concurrency)
     server.add_generic_rpc_handlers((_inference_handler(InferenceServicer(state)),))
     health_pb2_grpc.add_HealthServicer_to_server(await _health(state), server)
+    host, asked = address.rsplit(":", 1)
+    # The same check as the command's before the models loaded (which the port may have been taken since):
+    # the OS's reason in one line, where grpcio would log its own error and raise a RuntimeError without it.
+    reason = port_in_use(host.strip("[]"), int(asked)) if int(asked) else None
     try:
+        if reason:
+            raise RuntimeError(reason)
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
-        raise UserError(f"gRPC cannot listen on {address} ({exc}): pass --grpc-port with a free port, "
-                        "or --grpc-port off") from None
-    await server.start()
+        raise UserError(f"--grpc-port {asked}: cannot listen on {address} ({exc}); pick another port or "
+                        "--grpc-port off") from None
     state.grpc_port = port
     return GrpcFront(server, port)
 

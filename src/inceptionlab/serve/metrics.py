@@ -10,7 +10,7 @@ series only the model, since one batch mixes requests of both protocols."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -57,6 +57,7 @@ class ServeMetrics:
                                        "requests (a batch's time once per request in it)", ["model"], registry=r)
         self.last_inference = Gauge("inceptionlab_last_inference_timestamp_seconds", "When the last batch "
                                     "finished (Unix time)", ["model"], registry=r)
+        self._request_series: dict[tuple[str, str, str], tuple[Any, Any, Any]] = {}  # record_request's, by labels
 
     def add_model(self, name: str, pending: Callable[[], int]) -> None:
         self.pending.labels(name).set_function(pending)
@@ -67,25 +68,35 @@ class ServeMetrics:
                 self.requests.labels(name, protocol, outcome)
 
     def on_batch(self, name: str) -> Callable[[BatchStats], None]:
+        # The model's series, looked up once: `labels()` validates and locks at every call (~10 calls a request).
+        inferences, executions_total, batch_size, compute_time, request_compute, last_inference, queue_time = (
+            series.labels(name) for series in (self.inferences, self.executions, self.batch_size, self.compute_time,
+                                               self.request_compute, self.last_inference, self.queue_time))
+
         def record(stats: BatchStats) -> None:
-            self.inferences.labels(name).inc(stats.items)
+            inferences.inc(stats.items)
             executions = stats.executions()
-            self.executions.labels(name).inc(len(executions))
+            executions_total.inc(len(executions))
             for items in executions:  # consecutive batches of one request: each its share of the time
-                self.batch_size.labels(name).observe(items)
-                self.compute_time.labels(name).observe(stats.compute_seconds / len(executions))
-            self.request_compute.labels(name).inc(stats.compute_seconds * stats.requests)
-            self.last_inference.labels(name).set_to_current_time()
+                batch_size.observe(items)
+                compute_time.observe(stats.compute_seconds / len(executions))
+            request_compute.inc(stats.compute_seconds * stats.requests)
+            last_inference.set_to_current_time()
             for wait in stats.queue_seconds:
-                self.queue_time.labels(name).observe(wait)
+                queue_time.observe(wait)
 
         return record
 
     def record_request(self, name: str, protocol: str, outcome: str, seconds: float) -> None:
-        self.requests.labels(name, protocol, outcome).inc()
-        self.request_time.labels(name, protocol).observe(seconds)
-        if outcome == "success":
-            self.success_time.labels(name, protocol).observe(seconds)
+        key = (name, protocol, outcome)
+        if key not in self._request_series:
+            self._request_series[key] = (self.requests.labels(*key), self.request_time.labels(name, protocol),
+                                         self.success_time.labels(name, protocol) if outcome == "success" else None)
+        count, time, success = self._request_series[key]
+        count.inc()
+        time.observe(seconds)
+        if success is not None:
+            success.observe(seconds)
 
     def figures(self, name: str) -> "ModelFigures":
         """One model's cumulative figures, read back from the registry."""

@@ -22,6 +22,7 @@ explicit `--precision int8` that fails is an error.
 from __future__ import annotations
 
 import io
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
 from inceptionlab import hardware
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.data.io.decode import decode_rgb, open_image
+from inceptionlab.data.io.image_files import sample_image_files
 from inceptionlab.data.text.vectorizer import TextVectorizer
 from inceptionlab.infer.batching import batch_buckets
 from inceptionlab.errors import UserError
@@ -58,8 +61,15 @@ from inceptionlab.infer.speed import decide_inference
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.rule import DecisionRule
 from inceptionlab.models.spec import ModelSpec
+from inceptionlab.queueing import BatchRule
 from inceptionlab.serve.batcher import consecutive_batches
-from inceptionlab.serve.protocol import InputTensor, ProtocolError
+from inceptionlab.serve.protocol import (
+    InputTensor,
+    ProtocolError,
+    encode_bytes_elements,
+    encode_infer_response,
+    parse_infer_request,
+)
 
 BACKENDS = ("auto", "openvino", "onnxruntime", "compile", "eager")
 # An image model declares two inputs, and a request gives exactly one of them: `images`, the
@@ -153,6 +163,8 @@ class ServedModel:
     # chose, so what a client may send never depends on a timing (a larger request runs as consecutive
     # batches). None: max_batch.
     max_request: int | None = None
+    auto_limit: bool = False  # max_request is --max-batch auto's, not a --max-batch the user set
+    batch_rule: BatchRule | None = None  # when a batch goes (queueing.py); None: wait max_delay_ms for a full one
 
     def __post_init__(self) -> None:
         self.max_request = max(self.max_request or 0, self.max_batch)
@@ -268,11 +280,7 @@ class ServedModel:
 
     def preprocess_image(self, data: bytes, name: str) -> np.ndarray:
         """Encoded image -> uint8 CHW after the spec's eval transform (what `predict` does to a file)."""
-        if not data:
-            raise ProtocolError(f"image {name}: empty; send the image file's bytes")
-        # Decompression bombs are refused from the header, before anything is decoded.
-        image = decode_rgb(data, name, max_side=self.spec.resize_size, max_pixels=MAX_UPLOAD_PIXELS)
-        return np.asarray(torch.as_tensor(self.transform(image)))  # the spec's transform converts channels too
+        return preprocess_upload(data, name, self.spec.resize_size, self.transform)
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, int]:
         if not texts:
@@ -284,8 +292,7 @@ class ServedModel:
     def run(self, instance: int, items: Sequence[np.ndarray]) -> list[dict[str, Any]]:
         """One batch of requests -> per request {"logits", "probabilities"} (+ "unknown" when the rule rejects),
         the outputs a request may name, and "answers": the rule's answer per item, as /v1/classify gives it."""
-        batch = np.concatenate([self._model_input(item) for item in items])
-        logits = self._logits(self.engines[instance], batch)
+        logits = self._logits(self.engines[instance], self._batch_input(items))
         answers = self.rule.decide(logits)
         probs = answers.probabilities.astype(np.float32)
         unknown = answers.unknown.reshape(-1, 1)
@@ -307,6 +314,12 @@ class ServedModel:
         merged = run_with_tta(lambda view: torch.from_numpy(engine.run(view.numpy())), torch.from_numpy(batch), self.tta)
         return merged.numpy()
 
+    def _batch_input(self, items: Sequence[np.ndarray]) -> np.ndarray:
+        """The requests' items as one model input: pixels of every request normalised in one call."""
+        if len(items) > 1 and all(item.dtype == np.uint8 for item in items):
+            return self._model_input(np.concatenate(items))
+        return np.concatenate([self._model_input(item) for item in items])
+
     def _model_input(self, item: np.ndarray) -> np.ndarray:
         if item.dtype == np.uint8:  # resized + cropped pixels: the spec's normaliser, as predict does
             # Request tensors are read-only views of the body (np.frombuffer): copy only those.
@@ -320,6 +333,15 @@ class ServedModel:
         """Like `predict --json`: [{"label", "index", "prob"}], most probable first."""
         order = np.argsort(-probs)[: min(k, len(probs))]
         return [{"label": self.spec.labels[i], "index": int(i), "prob": round(float(probs[i]), 6)} for i in order]
+
+
+def preprocess_upload(data: bytes, name: str, resize_size: int, transform: Callable[[Any], Any]) -> np.ndarray:
+    """An uploaded file's bytes -> uint8 CHW after the spec's eval `transform` (what `predict` does to a file)."""
+    if not data:
+        raise ProtocolError(f"image {name}: empty; send the image file's bytes")
+    # Decompression bombs are refused from the header, before anything is decoded.
+    image = decode_rgb(data, name, max_side=resize_size, max_pixels=MAX_UPLOAD_PIXELS)
+    return np.asarray(torch.as_tensor(transform(image)))  # the spec's transform converts channels too
 
 
 def _bytes_batch(tensor: InputTensor) -> list[bytes]:
@@ -371,7 +393,8 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     served = ServedModel(name or opener.spec.arch, opener.spec, opener.label, opener.backend, opener.precision,
                          next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
                          opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, rule=rule,
-                         max_request=settings.max_batch or hardware.AUTO_MAX_BATCH)
+                         max_request=settings.max_batch or hardware.AUTO_MAX_BATCH,
+                         auto_limit=settings.max_batch is None, batch_rule=decision.rule)
     started = time.perf_counter()
     warm_up(served)
     served.warmup_s = time.perf_counter() - started
@@ -425,7 +448,59 @@ def decide_plan(opener: EngineOpener, settings: ModelLoadSettings) -> hardware.S
                             extra=f"{opener.backend}/{opener.precision}")
     return hardware.decide_serving(plans, lambda plan, seconds: saturation(opener, plan, cpus, gpu, seconds),
                                    cpus=cpus, gpu=gpu, key=key, cache=hardware.SpeedCache(), fresh=settings.fresh,
-                                   delay_ms=settings.max_delay_ms, slo_ms=settings.slo_ms)
+                                   delay_ms=settings.max_delay_ms, slo_ms=settings.slo_ms, host=host_work(opener))
+
+
+# One request's host work is timed this many times (CPU time of this thread, the median): a few ms of start-up.
+HOST_RUNS = 15
+# A text as long as a long IMDB review (~1,000 words), for a text model's host work.
+SAMPLE_TEXT = " ".join(["a film that moved me more than any other this year"] * 100)
+
+
+def host_work(opener: EngineOpener) -> hardware.HostWork:
+    """CPU seconds of one request's work outside the batches, measured here: an image model's sample
+    picture (the package's first sample picture, what `loadtest` sends by default; a generated photo
+    without it) decoded and transformed as a request's upload is, in the protocol's binary form, parsed
+    and answered; a text model's long sample text tokenized. The plan charges it against the cores."""
+    if opener.vectorizer is not None:
+        return hardware.HostWork(_median_cpu(lambda: opener.vectorizer.encode([SAMPLE_TEXT])),
+                                 f"a {len(SAMPLE_TEXT):,}-character text tokenized")
+    data, what = _sample_upload()
+    transform = opener.spec.eval_transform()
+    body = json.dumps({"inputs": [{"name": ENCODED_INPUT, "datatype": "BYTES", "shape": [1, 1],
+                                   "parameters": {"binary_data_size": len(data) + 4}}]}).encode()
+    outputs = {name: np.zeros((1, opener.spec.num_classes), np.float32) for name in OUTPUTS}
+
+    def one_request() -> None:
+        request = parse_infer_request(body + encode_bytes_elements([data]), str(len(body)))
+        preprocess_upload(request.inputs[0].data[0], "sample", opener.spec.resize_size, transform)
+        encode_infer_response("model", "1", request, outputs)
+
+    return hardware.HostWork(_median_cpu(one_request), f"{what} decoded and transformed, the protocol's binary form")
+
+
+def _median_cpu(work: Callable[[], Any]) -> float:
+    work()  # first call: lazy imports, allocation
+    spent = []
+    for _ in range(HOST_RUNS):
+        started = time.thread_time()
+        work()
+        spent.append(time.thread_time() - started)
+    return float(np.median(spent))
+
+
+def _sample_upload() -> tuple[bytes, str]:
+    """The bytes a client would upload, and what they are: the first sample picture, else a generated photo."""
+    files = sample_image_files()
+    if files:
+        data = files[0].read_bytes()
+    else:  # smooth colour fields compress like a photo; 640 x 480, JPEG quality 90
+        pixels = np.random.default_rng(0).integers(0, 256, (20, 27, 3), dtype=np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).resize((640, 480), Image.BILINEAR).save(buffer, format="JPEG", quality=90)
+        data = buffer.getvalue()
+    with open_image(io.BytesIO(data), Path("sample")) as image:
+        return data, f"a {image.size[0]}x{image.size[1]} {image.format}"
 
 
 def saturation(opener: EngineOpener, plan: hardware.ServePlan, cpus: int, gpu: bool, seconds: float) -> float:

@@ -28,6 +28,8 @@ from typing import Callable
 import uvicorn
 from fastapi import FastAPI
 
+from inceptionlab.serve.app import bind_grpc_port
+
 # uvicorn's own bound: open connections plus running requests. Past it uvicorn answers a plain 503
 # itself; the app's ConcurrencyLimit refuses earlier, with a JSON body, at --max-concurrency requests in
 # progress: this one bounds the connections idle clients may hold open on top of those.
@@ -45,6 +47,10 @@ class DrainingServer(uvicorn.Server):
 
     async def startup(self, sockets: list | None = None) -> None:
         self.loop = asyncio.get_running_loop()
+        # gRPC's port is bound before uvicorn runs the app's start-up, which would print a port taken since
+        # the command's check as a traceback and "Application startup failed": a UserError here ends the
+        # command with its one line.
+        await bind_grpc_port(self.app)
         await super().startup(sockets)
         settle_collector()
         if self.on_ready is not None and self.started:

@@ -33,7 +33,13 @@ from inceptionlab.host import name_os_thread
 from inceptionlab.serve.batcher import Draining, DynamicBatcher, QueueFull
 from inceptionlab.serve.metrics import ServeMetrics
 from inceptionlab.serve.models import ENCODED_INPUT, IMAGE_INPUT, ServedModel
-from inceptionlab.serve.protocol import InferRequest, ProtocolError, config_data_type, top_classes
+from inceptionlab.serve.protocol import (
+    InferRequest,
+    ProtocolError,
+    config_data_type,
+    parse_infer_request,
+    top_classes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +157,8 @@ class ServeState:
         for name, model in self.models.items():
             batcher = DynamicBatcher(model.run, model.max_batch, self.delay_ms(model) / 1e3,
                                      self.settings.max_queue, len(model.engines), self.metrics.on_batch(name), name,
-                                     max_request=model.max_request)
+                                     max_request=model.max_request, auto_limit=model.auto_limit,
+                                     rule=model.batch_rule)
             batcher.start()
             self.batchers[name] = batcher
             self.metrics.add_model(name, lambda b=batcher: b.pending)
@@ -273,9 +280,8 @@ class ServeState:
         kind = "queue_full" if isinstance(exc, QueueFull) else "draining"
         return ServeError(kind, f"{exc}; retry later", self.settings.retry_after_s)
 
-    async def infer(self, model: ServedModel, request: InferRequest, counted: Counted,
-                    timeout_s: float | None = None) -> dict[str, np.ndarray]:
-        """A parsed inference request -> its outputs by name (both protocols)."""
+    def check_request(self, model: ServedModel, request: InferRequest) -> None:
+        """A parsed request's inputs, outputs and size, before anything is decoded (ProtocolError, ServeError)."""
         if len(request.inputs) != 1:
             given = ", ".join(repr(t.name) for t in request.inputs) or "none"
             raise ProtocolError(f"model {model.name!r} takes exactly one input per request (given: {given}): "
@@ -287,11 +293,27 @@ class ServeState:
             self.batchers[model.name].check_size(request.inputs[0].batch)  # before decoding what would be refused
         except ValueError as exc:
             raise ServeError("invalid", str(exc)) from None
-        tensor = request.inputs[0]
-        # Tensors already in the model's input form only need a shape check: a thread hop (and the GIL
-        # handed over twice) would cost more than the work. Encoded images and texts go to the pool.
-        item, count = model.prepare_tensor(tensor) if model.takes_as_is(tensor) \
-            else await self.in_thread(model.prepare_tensor, tensor)
+
+    def parse_and_prepare(self, model: ServedModel, body: bytes,
+                          header_length: str | None) -> tuple[InferRequest, tuple[Any, int]]:
+        """An HTTP body -> the parsed request and its model input, in one preprocessing job (a large JSON
+        body, base64 images: parsing and decoding both belong in the pool, one hop there and back)."""
+        request = parse_infer_request(body, header_length)
+        self.check_request(model, request)
+        return request, model.prepare_tensor(request.inputs[0])
+
+    async def infer(self, model: ServedModel, request: InferRequest, counted: Counted,
+                    timeout_s: float | None = None, prepared: tuple[Any, int] | None = None) -> dict[str, np.ndarray]:
+        """A parsed inference request -> its outputs by name (both protocols); `prepared`: its model input,
+        checked and prepared already (`parse_and_prepare`)."""
+        if prepared is None:
+            self.check_request(model, request)
+            tensor = request.inputs[0]
+            # Tensors already in the model's input form only need a shape check: a thread hop (and the GIL
+            # handed over twice) would cost more than the work. Encoded images and texts go to the pool.
+            prepared = model.prepare_tensor(tensor) if model.takes_as_is(tensor) \
+                else await self.in_thread(model.prepare_tensor, tensor)
+        item, count = prepared
         result = await self.submit(model.name, item, count, counted.request_id, timeout_s)
         counted.outcome = "success"
         outputs = {name: result[name] for name in request.outputs or model.outputs}
