@@ -39,13 +39,14 @@ def main() -> None:
     out, images = Path(sys.argv[1]), Path(sys.argv[2])
     rank = int(os.environ["RANK"])
     s = build_training_session(load_recipe("inception_v3/imagefolder", [*SETS, f"data.root={images}"]))
-    assert s.settings.micro_batch == 2 and s.runner is not s.model  # accumulated, DDP-wrapped
+    runner = s.wrap(s.model)  # the whole model's stage wrapper, as fit builds it
+    assert s.settings.micro_batch == 2 and runner is not s.model  # accumulated, DDP-wrapped
     inputs, targets = the_batch()
     mine = slice(6 * rank, 6 * rank + 6)
     before = {k: v.detach().clone() for k, v in s.model.state_dict().items()}
     lr_of = {id(p): group["lr"] for group in s.optimizer.param_groups for p in group["params"]}
-    s.runner.train()
-    train_step(s.runner, s.task, s.optimizer, s.scaler, s.settings, inputs[mine], targets[mine])
+    runner.train()
+    train_step(runner, s.task, s.optimizer, s.scaler, s.settings, inputs[mine], targets[mine])
     torch.save({"before": before, "after": s.model.state_dict(),
                 "lr": {name: lr_of[id(p)] for name, p in s.model.named_parameters()}}, out / f"rank{rank}.pt")
     shutdown_distributed()

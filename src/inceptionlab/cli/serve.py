@@ -12,6 +12,7 @@ import typer
 from inceptionlab.cli import options
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json
+from inceptionlab.host import port_in_use
 
 
 def serve(
@@ -225,8 +226,6 @@ def _bracketed(host: str) -> str:
 
 def _check_free(host: str, port: int | None, option: str) -> None:
     """Refuse a port another process listens on, before the models load."""
-    from inceptionlab.host import port_in_use
-
     reason = port_in_use(host, port) if port else None
     if reason:
         raise UserError(f"{option} {port}: cannot listen on {host}:{port} ({reason}); pick another port"
