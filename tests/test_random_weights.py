@@ -13,7 +13,7 @@ from conftest import make_image_folder
 @pytest.fixture
 def offline(monkeypatch):
     """No network: any attempt at the ImageNet download fails the test."""
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url",
+    monkeypatch.setattr(torch.hub, "download_url_to_file",
                         lambda *a, **k: pytest.fail("--weights random tried to download weights"))
 
 

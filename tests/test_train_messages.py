@@ -113,7 +113,7 @@ def test_missing_pretrained_weights_tell_train_users_the_recipe_key(image_folder
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     result = cli(*train_args(image_folder, tmp_path / "runs", "model.name=resnet18", "model.weights=imagenet"))
     assert result.code == 2

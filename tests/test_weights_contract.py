@@ -97,6 +97,24 @@ def test_common_checkpoint_wrappers_are_unwrapped_and_said(tmp_path, wrap, key):
     line_with(built.report, f"unwrapped from {key!r}")
 
 
+def test_a_self_supervised_checkpoint_gives_its_encoder(tmp_path):
+    """MoCo's layout: two encoders under `module.encoder_q.` / `module.encoder_k.`, an MLP projection where the
+    classifier would be, a queue. The query encoder's body is taken, its projection left out, each said."""
+    source, state = resnet18_state(num_classes=128)
+    body = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    mlp = {"fc.0.weight": torch.randn(512, 512), "fc.0.bias": torch.zeros(512), "fc.2.weight": torch.randn(128, 512),
+           "fc.2.bias": torch.zeros(128)}
+    checkpoint = {"epoch": 200, "arch": "resnet18", "state_dict": {
+        **{f"module.encoder_q.{k}": v for k, v in {**body, **mlp}.items()},
+        **{f"module.encoder_k.{k}": torch.zeros_like(v) for k, v in {**body, **mlp}.items()},
+        "module.queue": torch.randn(128, 65536 // 64)}}
+    torch.save(checkpoint, tmp_path / "moco.pth.tar")
+    built = build_model("resnet18", 3, str(tmp_path / "moco.pth.tar"))
+    assert torch.equal(built.model.layer3[0].conv1.weight, source.layer3[0].conv1.weight)
+    line_with(built.report, "the tensors under 'encoder_q.' taken")
+    line_with(built.report, "head fc starts new (the weights' fc.0, fc.2 is of another form)")
+
+
 def test_weights_that_do_not_fit_name_both_sides(tmp_path):
     """The refusal names a missing and an unexpected tensor (the fix is usually visible in the pair)."""
     from inceptionlab.errors import UserError

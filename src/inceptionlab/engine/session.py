@@ -33,7 +33,7 @@ from inceptionlab.engine.speed import RunShape, resolve_speed_settings
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.models.parts import ModelParts, model_parts
-from inceptionlab.models.registry import build_model, resolve_data_config
+from inceptionlab.models.registry import build_model, resolve_data_config, starting_weights
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.runtime import resolve_device, seed_everything
 
@@ -69,6 +69,7 @@ class TrainingSession:
     val_set_transform: Any = None  # the eval view of an image (the spec's), for those features
     image_options: DeviceImageOptions | None = None
     sample_weights: torch.Tensor | None = None  # data.sampler=balanced: per training sample
+    weights_record: dict[str, Any] | None = None  # where the starting weights came from, every decision (weights.json)
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -98,8 +99,10 @@ class TrainingSession:
 def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> TrainingSession:
     """Everything a run needs. `auto` speed settings are decided here, after the model exists and
     before the loaders (whose augmentation dtype and layout follow the decision) are built."""
-    # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
-    recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
+    # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config):
+    # what a run or a sidecar records with them, else the architecture's defaults.
+    weights = starting_weights(recipe.model.name, recipe.model.weights)
+    recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name, weights))
     _check_augment(recipe)
     dist = init_distributed(_device_type(recipe.train.device))
     device = resolve_device(recipe.train.device, dist.local_rank if dist.enabled else None)
@@ -108,7 +111,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
     splits, train_set, val_set = _read_data(recipe)
     num_classes = _num_classes(recipe, splits)
     normalisation = (recipe.data.mean, recipe.data.std) if recipe.data.mean is not None else None
-    built = build_model(recipe.model.name, num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
+    built = build_model(recipe.model.name, num_classes, weights, recipe.model.aux_loss_weight,
                         list(splits.class_names), normalisation=normalisation,
                         **{**recipe.model.kwargs, **splits.model_kwargs})
     targets = split_targets(train_set)
@@ -150,6 +153,7 @@ def build_training_session(recipe: Recipe, *, fresh_speed: bool = False) -> Trai
                               train_loader, val_loader, settings, notes, splits, test_loader, speed, threads,
                               list(weights_notes))
     session.parts, session.ema, session.sample_weights = parts, ema, sample_weights
+    session.weights_record = built.record
     session.train_set, session.val_set, session.image_options = train_set, val_set, _device_image_options(recipe)
     session.val_set_transform = getattr(val_set, "transform", None) or getattr(getattr(val_set, "dataset", None),
                                                                               "transform", None)

@@ -8,6 +8,7 @@ drops or keeps Inception's auxiliary head. `rebuild_model` recreates a trained m
 from __future__ import annotations
 
 import inspect
+import logging
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,10 +20,12 @@ from torch import nn
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import DataConfig, needed_cache_size
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import sha256_file
 from inceptionlab.models.parts import AUX_HEAD_ATTRS, output_layers
 from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
 from inceptionlab.models.spec import IMAGENET_MEAN, IMAGENET_STD, ModelSpec, Preprocessing
-from inceptionlab.models.weights import WeightsSource, fit_weights, read_state_dict, source_from_path
+from inceptionlab.models.weights import (ExpectedInput, WeightsSource, decide_transform_input, fit_weights,
+                                         read_state_dict, source_from_path)
 
 if TYPE_CHECKING:
     import torchvision  # ~1.3 s: text and array runs never need it
@@ -35,6 +38,8 @@ def _tv_models() -> Any:
 
     return torchvision.models
 
+
+log = logging.getLogger(__name__)
 # Our own models: the guide's small case-study networks, and the preprocessing they declare.
 _OWN_MODELS: dict[str, Callable[..., nn.Module]] = dict(SMALL_MODELS)
 _OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
@@ -42,7 +47,7 @@ _OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
 # Builder arguments torchvision's builders set by themselves when given pretrained weights: the
 # Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
 # `transform_input=True` recreates from ImageNet-normalised tensors inside the model (its constants are
-# ImageNet's: `build_model` turns it off for any other normalisation, `_transform_input_for`).
+# ImageNet's: `build_model` sets it so the first layer sees [-1, 1], weights.decide_transform_input).
 _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
     "inception_v3": {"transform_input": True, "aux_logits": True, "init_weights": False},
     "googlenet": {"transform_input": True, "aux_logits": True, "init_weights": False},
@@ -149,17 +154,27 @@ def _hash_prefix(url: str) -> str:
 
 
 def _load_imagenet_state_dict(name: str) -> dict[str, torch.Tensor]:
+    """torchvision's default weights of `name` from the torch hub cache; when absent, downloaded into it,
+    said before the attempt (torch's own loader printed its "Downloading: ..." line, then failed offline)."""
     weights = default_weights(name)
+    target = cached_weights_file(name)
+    fix = (f"put {target.name} (sha256 starts {_hash_prefix(weights.url)}) from {weights.url} into {target.parent}/, "
+           "or use a local file: --weights PATH (predict, evaluate, export, bench, serve) or --set model.weights=PATH "
+           "(train)")
+    if not target.is_file():
+        size = weights.meta.get("_file_size")
+        log.warning(f"{name} ImageNet weights are not in {target.parent}: downloading {weights.url}"
+                    + (f" ({size:.0f} MB)" if isinstance(size, (int, float)) else "") + f" into {target}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            torch.hub.download_url_to_file(weights.url, str(target), _hash_prefix(weights.url), progress=False)
+        except Exception as exc:  # any network or file error: the fix is the same
+            raise UserError(f"{name} ImageNet weights not found and not downloadable ({type(exc).__name__}): "
+                            f"{fix}") from None
     try:
-        return torch.hub.load_state_dict_from_url(weights.url, progress=False, check_hash=True)
-    except Exception as exc:  # any network or file error: the fix is the same
-        target = cached_weights_file(name)
-        raise UserError(
-            f"{name} ImageNet weights not found and not downloadable ({type(exc).__name__}): "
-            f"put {target.name} (sha256 starts {_hash_prefix(weights.url)}) from {weights.url} "
-            f"into {target.parent}/, or use a local file: --weights PATH (predict, evaluate, export, bench, serve) "
-            "or --set model.weights=PATH (train)"
-        ) from None
+        return torch.load(target, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UserError(f"{target}: not a readable weights file ({type(exc).__name__}): delete it and {fix}") from None
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
@@ -212,6 +227,7 @@ class BuiltModel:
     pretrained: str | None  # what was loaded: "imagenet", a path, or None (random init)
     source_classes: list[str] | None  # the pretrained weights' own class names
     report: list[str] = field(default_factory=list)  # what was loaded, kept, replaced, started new
+    record: dict[str, Any] | None = None  # the same, with the file's checksum: the run's weights.json
 
 
 def _want_pretrained(name: str, weights: str | None) -> str | None:
@@ -225,32 +241,49 @@ RANDOM_WEIGHTS = "random"  # --weights random: no file, no download (latency and
 RANDOM_WEIGHTS_SEED = 0  # the same "random" model every time, whatever the caller's RNG state
 
 
-def _transform_input_for(normalisation: tuple[Any, Any] | None) -> bool:
-    """Whether Inception/GoogLeNet's `transform_input` gives the pretrained weights their [-1, 1] inputs:
-    only for ImageNet's mean/std, the constants it inverts. The demo's 0.5/0.5 already gives [-1, 1];
-    converted again, the network saw about half the range it was trained on. Any other normalisation is
-    fed as the recipe gives it (None: the caller's inputs are ImageNet-normalised, as pretrained specs are)."""
-    if normalisation is None:
-        return True
-    mean, std = normalisation
-    close = lambda a, b: len(a) == len(b) and all(abs(x - y) < 1e-6 for x, y in zip(a, b))  # noqa: E731
-    return close(list(mean), IMAGENET_MEAN) and close(list(std), IMAGENET_STD)
-
-
-def _weights_source(name: str, weights: str) -> WeightsSource:
+def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
+    """The weights a model named `name` starts from (None: random init), with what is known of them: the
+    architecture, classes and input their run, checkpoint or sidecar records (models/weights.py). Read once
+    per run: the session fills the recipe's empty preprocessing from them, then `build_model` fits them."""
+    weights = _want_pretrained(name, weights)
+    if weights is None or weights == RANDOM_WEIGHTS:
+        return None
     if weights == "imagenet":
         if name in _OWN_MODELS:
             raise UserError(f"model {name!r} has no ImageNet weights: set model.weights=null, a weights file "
                             "or a run directory")
         categories = list(default_weights(name).meta["categories"])
-        return WeightsSource(_load_imagenet_state_dict(name), f"{name} ImageNet weights", name, categories,
-                             dict(_PRETRAINED_ARCH_KWARGS.get(name, {})), match_names=False)
+        preprocessing = weights_preprocessing(name)
+        source = WeightsSource(_load_imagenet_state_dict(name), f"{name} ImageNet weights", name, categories,
+                               dict(_PRETRAINED_ARCH_KWARGS.get(name, {})), match_names=False,
+                               file=cached_weights_file(name))
+        source.expects = ExpectedInput(preprocessing.mean, preprocessing.std,
+                                       True if name in _PRETRAINED_ARCH_KWARGS else None,
+                                       f"torchvision's {name} ImageNet weights")
+        return source
     source = source_from_path(Path(weights).expanduser())
     if source.arch is not None and source.arch != name:
         raise UserError(f"{weights}: weights of a {source.arch} model, not {name}: set model.name={source.arch}")
-    if source.arch is None:  # a plain state_dict: assume torchvision's layout for that architecture
-        source.arch_kwargs = dict(_PRETRAINED_ARCH_KWARGS.get(name, {}))
+    if source.expects is None:
+        source.expects = _assumed_input(name, source)
+    if source.arch is None:  # a plain state_dict: torchvision's layout for that architecture
+        source.arch_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **source.arch_kwargs}
     return source
+
+
+def _assumed_input(name: str, source: WeightsSource) -> ExpectedInput | None:
+    """With nothing recorded beside the weights: the architecture's defaults, said as an assumption. A plain
+    Inception v3 / GoogLeNet file is taken as torchvision's (Google's weights: pixels in [-1, 1])."""
+    defaults = model_preprocessing(name)
+    if defaults is None:  # the model takes no images
+        return None
+    sidecar = source.file.with_suffix(".json") if source.file is not None else None
+    google = name in _PRETRAINED_ARCH_KWARGS and "transform_input" not in source.arch_kwargs
+    where = (f"{name}'s defaults (nothing recorded with the weights)" if not google else
+             f"taken as torchvision's own {name} file: Google's weights, pixels in [-1, 1] (nothing recorded with "
+             f"the weights; {sidecar} with mean, std and transform_input says otherwise)")
+    return ExpectedInput(tuple(defaults.mean), tuple(defaults.std),
+                         True if google else source.arch_kwargs.get("transform_input"), where, recorded=False)
 
 
 def _builder(name: str, num_classes: int) -> Callable[..., nn.Module]:
@@ -262,7 +295,7 @@ def _builder(name: str, num_classes: int) -> Callable[..., nn.Module]:
 def build_model(
     name: str,
     num_classes: int,
-    weights: str | None = None,
+    weights: str | WeightsSource | None = None,
     aux_loss_weight: float | None = None,
     class_names: list[str] | None = None,
     *,
@@ -270,11 +303,12 @@ def build_model(
     **kwargs: Any,
 ) -> BuiltModel:
     """A model ready to train or run: starting weights fitted (models/weights.py), heads sized to
-    `num_classes`, Inception's aux head kept only when weighted. `class_names` (the dataset's) lets a
-    run's head carry over the classes both have. `normalisation`: the (mean, std) its inputs are
-    normalised with, which decides Inception/GoogLeNet's `transform_input` for Google's weights
-    (`_transform_input_for`); weights from a run keep the setting that run recorded. `weights` "random":
-    random init from RANDOM_WEIGHTS_SEED, the caller's RNG left as it was (the same model every time)."""
+    `num_classes`, Inception's aux head kept only when weighted. `weights`: what `starting_weights` takes,
+    or what it gave. `class_names` (the dataset's) lets a head carry over the classes both have.
+    `normalisation`: the (mean, std) the inputs are normalised with (None: as the weights expect), from
+    which Inception/GoogLeNet's `transform_input` is chosen so that the first layer sees what the weights
+    were trained on (weights.decide_transform_input). `weights` "random": random init from
+    RANDOM_WEIGHTS_SEED, the caller's RNG left as it was (the same model every time)."""
     _check_known(name)
     if weights == RANDOM_WEIGHTS:
         with torch.random.fork_rng(devices=[]):
@@ -282,10 +316,10 @@ def build_model(
             return build_model(name, num_classes, None, aux_loss_weight, class_names, normalisation=normalisation,
                                **kwargs)
     check_model_kwargs(name, kwargs)
-    weights = _want_pretrained(name, weights)
+    source = weights if isinstance(weights, WeightsSource) else starting_weights(name, weights)
     wants_aux = aux_loss_weight is not None
     build = _builder(name, num_classes)
-    if weights is None:
+    if source is None:
         if name in _OWN_MODELS:
             return BuiltModel(_construct(build, name, **kwargs), dict(kwargs), None, None)
         if name in _PRETRAINED_ARCH_KWARGS:
@@ -294,11 +328,14 @@ def build_model(
         model = _construct(build, name, **kwargs)
         return BuiltModel(model, {**kwargs, **_arch_kwargs(model)}, None, None)
 
-    source = _weights_source(name, weights)
     arch_kwargs = {**source.arch_kwargs, **kwargs}
-    google_weights = weights == "imagenet" or source.arch is None  # ImageNet's, or a plain torchvision file
-    if google_weights and "transform_input" in arch_kwargs and "transform_input" not in kwargs:
-        arch_kwargs["transform_input"] = _transform_input_for(normalisation)
+    has_switch = "transform_input" in arch_kwargs or name in _PRETRAINED_ARCH_KWARGS
+    decision = None
+    if source.expects is not None:
+        decision = decide_transform_input(source.expects, normalisation or (source.expects.mean, source.expects.std),
+                                          has_switch and "transform_input" not in kwargs)
+        if decision.transform_input is not None:
+            arch_kwargs["transform_input"] = decision.transform_input
     if "aux_logits" in arch_kwargs or name in _PRETRAINED_ARCH_KWARGS:
         arch_kwargs["aux_logits"] = wants_aux
         arch_kwargs["init_weights"] = False  # the weights are loaded right after: skip the slow init
@@ -307,7 +344,29 @@ def build_model(
     if not wants_aux:
         drop_aux_heads(model)
     keep = _arch_kwargs(model) | dict(kwargs) if name not in _OWN_MODELS else arch_kwargs
-    return BuiltModel(model, keep, weights, source.class_names, fitted.lines)
+    lines = [*fitted.lines, *(decision.lines if decision is not None else [])]
+    record = _weights_record(source, fitted.record, keep.get("transform_input"), lines)
+    pretrained = "imagenet" if source.where == f"{name} ImageNet weights" else str(source.file)
+    return BuiltModel(model, keep, pretrained, source.class_names, lines, record)
+
+
+def _weights_record(source: WeightsSource, fitted: dict[str, Any], transform_input: bool | None,
+                    lines: list[str]) -> dict[str, Any]:
+    """What the run's weights.json keeps: where the weights came from and every decision made on them."""
+    file = source.file
+    return {
+        "file": str(file) if file is not None else None,
+        "sha256": sha256_file(file) if file is not None and file.is_file() else None,
+        "arch": source.arch,
+        "described_by": str(source.described_by) if source.described_by is not None else None,
+        "about": source.about,
+        "unwrapped": list(source.unwrapped),
+        "prefixes_removed": list(source.prefixes_removed) + ([source.sub_module[0]] if source.sub_module else []),
+        **fitted,
+        "expects": source.expects.to_dict() if source.expects is not None else None,
+        "transform_input": transform_input,
+        "lines": list(lines),
+    }
 
 
 def rebuild_model(spec: ModelSpec) -> nn.Module:
@@ -344,23 +403,27 @@ def _first_set(*values: Any) -> Any:
     return next(value for value in values if value is not None)
 
 
-def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
-    """`data` with every empty (null) preprocessing field taken from the model's defaults (timm's
-    resolve_data_config): a recipe states only what it changes, so `--set model.name=resnet50` gets
-    ResNet's 232 -> 224 instead of Inception's 342 -> 299. The training crop follows the eval crop."""
+def resolve_data_config(data: DataConfig, model_name: str, weights: WeightsSource | None = None) -> DataConfig:
+    """`data` with every empty (null) preprocessing field taken from the weights' record (a run's spec, a
+    sidecar: `weights`), else the model's defaults (timm's resolve_data_config): a recipe states only what it
+    changes, so `--set model.name=resnet50` gets ResNet's 232 -> 224 instead of Inception's 342 -> 299, and
+    a run continued from another gets the normalisation it was trained with. The training crop follows the
+    eval crop."""
     defaults = model_preprocessing(model_name)
     if defaults is None:  # no image input (text): nothing to fill
         return data
-    crop = _first_set(data.val_crop_size, defaults.crop_size)
+    recorded = weights.preprocessing if weights is not None else {}
+    default = lambda key: recorded.get(key, getattr(defaults, key))  # noqa: E731
+    crop = _first_set(data.val_crop_size, default("crop_size"))
     try:
         filled = replace(
             data,
-            val_resize_size=_first_set(data.val_resize_size, defaults.resize_size),
+            val_resize_size=_first_set(data.val_resize_size, default("resize_size")),
             val_crop_size=crop,
             train_crop_size=_first_set(data.train_crop_size, crop),
-            interpolation=_first_set(data.interpolation, defaults.interpolation),
-            mean=list(_first_set(data.mean, defaults.mean)),
-            std=list(_first_set(data.std, defaults.std)),
+            interpolation=_first_set(data.interpolation, default("interpolation")),
+            mean=list(_first_set(data.mean, default("mean"))),
+            std=list(_first_set(data.std, default("std"))),
         )
         # The decoded cache keeps what the eval resize and a whole-image training crop need.
         return replace(filled, cache_size=_first_set(filled.cache_size, needed_cache_size(filled)))
