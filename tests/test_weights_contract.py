@@ -280,3 +280,19 @@ def test_an_imagenet_download_is_announced_in_the_programs_words(tmp_path, monke
     assert "Downloading" not in capsys.readouterr().err
     said = [r.getMessage() for r in caplog.records if "downloading" in r.getMessage()]
     assert said and "resnet18-f37072fd.pth" in said[0] and str(tmp_path / "hub") in said[0]
+
+
+# --------------------------------------------------------------------------- ImageNet's rows by WordNet id
+
+
+def test_a_dataset_of_imagenet_classes_keeps_the_pretrained_rows_by_wnid(inception_hub, tmp_path):
+    """tiny-imagenet names its classes by wnid: the 1000-class head's rows of those classes are carried over,
+    so the model answers before any training (zero-shot); folders named otherwise fall back to counts."""
+    hub = inception_hub["state"]
+    built = build_model("inception_v3", 2, "imagenet", class_names=["n01443537", "n01440764"])  # goldfish, tench
+    assert torch.equal(built.model.fc.weight[0], hub["fc.weight"][1])
+    assert torch.equal(built.model.fc.bias[1], hub["fc.bias"][0])
+    line_with(built.report, "2 of 2 classes carried over by name, reordered")
+    assert built.record["head"] == "replaced" and built.record["rows_carried"] == 2
+    others = build_model("inception_v3", 2, "imagenet", class_names=["cat", "dog"])
+    line_with(others.report, "head fc starts new (1000 classes in the weights, 2 here)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from importlib import resources
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -138,6 +139,12 @@ def _construct(builder: Callable[..., nn.Module], name: str, **kwargs: Any) -> n
         raise UserError(_kwargs_message(name, key, model_arguments(name))) from None
 
 
+def imagenet_wnids() -> list[str]:
+    """The 1000 ImageNet-1k WordNet ids in class-index order (shipped with the package): the names of the
+    rows of every ImageNet head here (torchvision's, timm's, the converted weights')."""
+    return resources.files("inceptionlab").joinpath("resources/imagenet_synsets.txt").read_text().split()
+
+
 def default_weights(name: str) -> "torchvision.models.WeightsEnum":
     return _tv_models().get_model_weights(name).DEFAULT
 
@@ -254,9 +261,10 @@ def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
                             "or a run directory")
         categories = list(default_weights(name).meta["categories"])
         preprocessing = weights_preprocessing(name)
-        source = WeightsSource(_load_imagenet_state_dict(name), f"{name} ImageNet weights", name, categories,
+        # Rows named by WordNet id, so a dataset of ImageNet classes (tiny-imagenet's wnids) keeps them.
+        source = WeightsSource(_load_imagenet_state_dict(name), f"{name} ImageNet weights", name, imagenet_wnids(),
                                dict(_PRETRAINED_ARCH_KWARGS.get(name, {})), match_names=False,
-                               file=cached_weights_file(name))
+                               file=cached_weights_file(name), class_labels=categories)
         source.expects = ExpectedInput(preprocessing.mean, preprocessing.std,
                                        True if name in _PRETRAINED_ARCH_KWARGS else None,
                                        f"torchvision's {name} ImageNet weights")
@@ -347,7 +355,7 @@ def build_model(
     lines = [*fitted.lines, *(decision.lines if decision is not None else [])]
     record = _weights_record(source, fitted.record, keep.get("transform_input"), lines)
     pretrained = "imagenet" if source.where == f"{name} ImageNet weights" else str(source.file)
-    return BuiltModel(model, keep, pretrained, source.class_names, lines, record)
+    return BuiltModel(model, keep, pretrained, source.class_labels or source.class_names, lines, record)
 
 
 def _weights_record(source: WeightsSource, fitted: dict[str, Any], transform_input: bool | None,

@@ -152,7 +152,9 @@ class WeightsSource:
     arch: str | None = None  # the architecture its spec names (runs, checkpoints, sidecars)
     class_names: list[str] | None = None  # None: unknown (a plain file)
     arch_kwargs: dict[str, Any] = field(default_factory=dict)
-    match_names: bool = True  # False: the names are labels of another kind (ImageNet's), compare counts only
+    # False: the data may name its classes otherwise (ImageNet's wnids against a user's folder names): rows are
+    # carried by name where any name matches, else the head is kept or replaced by its number of classes
+    match_names: bool = True
     file: Path | None = None  # the file the tensors were read from
     described_by: Path | None = None  # the spec.json or sidecar that describes it
     unwrapped: list[str] = field(default_factory=list)  # wrapper keys descended into
@@ -426,9 +428,11 @@ def _row_map(source: WeightsSource, num_classes: int, class_names: list[str] | N
              counted: int | None) -> list[int | None] | None:
     """For each target class, the source row it takes (None: a fresh row); None for the whole head: fresh.
     `counted`: the rows of the source's head tensor (its class count where the names are unknown)."""
-    if source.class_names is not None and source.match_names and class_names is not None:
+    if source.class_names is not None and class_names is not None:
         where = {name: i for i, name in enumerate(source.class_names)}
-        return [where.get(name) for name in class_names]
+        rows = [where.get(name) for name in class_names]
+        if source.match_names or any(row is not None for row in rows):
+            return rows
     count = len(source.class_names) if source.class_names is not None else counted
     if count == num_classes or (num_classes == 2 and counted == 1):  # a binary task's one logit
         return list(range(num_classes))
@@ -459,8 +463,11 @@ def _head_line(heads: list[str], rows: list[int | None] | None, source: WeightsS
     carried = [i for i, r in enumerate(rows) if r is not None]
     if len(carried) == num_classes and rows == list(range(num_classes)) and (
             source.class_names is None or len(source.class_names) == num_classes):
-        if source.class_names is None or not source.match_names:
+        if source.class_names is None:
             return f"weights: head {head} kept ({num_classes} outputs; the weights do not name their classes)", "kept"
+        if class_names is None or list(source.class_names) != list(class_names):
+            return (f"weights: head {head} kept ({num_classes} outputs; the weights' class names are not the data's: "
+                    "taken in the same order)"), "kept"
         return f"weights: head {head} kept (the same {num_classes} classes)", "kept"
     names = class_names or [str(i) for i in range(num_classes)]
     new = [names[i] for i, r in enumerate(rows) if r is None]
