@@ -22,6 +22,7 @@ from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import DataConfig, needed_cache_size
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import sha256_file
+from inceptionlab.models import timm_source
 from inceptionlab.models.parts import AUX_HEAD_ATTRS, output_layers
 from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
 from inceptionlab.models.spec import IMAGENET_MEAN, IMAGENET_STD, ModelSpec, Preprocessing
@@ -41,9 +42,19 @@ def _tv_models() -> Any:
 
 
 log = logging.getLogger(__name__)
-# Our own models: the guide's small case-study networks, and the preprocessing they declare.
-_OWN_MODELS: dict[str, Callable[..., nn.Module]] = dict(SMALL_MODELS)
-_OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
+def inception_v3_fid(num_classes: int = 1000, aux_logits: bool = False, transform_input: bool = False,
+                     init_weights: bool = True, dropout: float = 0.5) -> nn.Module:
+    """Inception v3 with the pooling of Google's 2015 graph (models/inception_fid.py)."""
+    from inceptionlab.models.inception_fid import inception_v3_fid as build  # torchvision: ~1.3 s, see _tv_models
+
+    return build(num_classes, aux_logits, transform_input, init_weights, dropout)
+
+
+# Our own models: the guide's small case-study networks, and the preprocessing they declare; Inception v3 as
+# Google's 2015 graph computes it, with torchvision's Inception v3 preprocessing.
+_OWN_MODELS: dict[str, Callable[..., nn.Module]] = {**SMALL_MODELS, "inception_v3_fid": inception_v3_fid}
+_OWN_PREPROCESSING: dict[str, Preprocessing | None] = {
+    **SMALL_PREPROCESSING, "inception_v3_fid": Preprocessing(342, 299, "bilinear", IMAGENET_MEAN, IMAGENET_STD)}
 
 # Builder arguments torchvision's builders set by themselves when given pretrained weights: the
 # Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
@@ -52,6 +63,7 @@ _OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
 _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
     "inception_v3": {"transform_input": True, "aux_logits": True, "init_weights": False},
     "googlenet": {"transform_input": True, "aux_logits": True, "init_weights": False},
+    "inception_v3_fid": {"transform_input": True, "aux_logits": True, "init_weights": False},
 }
 
 
@@ -74,10 +86,14 @@ def available_models() -> list[str]:
 def _check_known(name: str) -> None:
     if name in _OWN_MODELS:  # decided without importing torchvision (~1.3 s, see _tv_models)
         return
+    if timm_source.is_timm(name):
+        timm_source.check_known(name)
+        return
     if name not in available_models():
         raise UserError(
             f"unknown model {name!r}: use a torchvision classification model name "
-            f"(e.g. inception_v3, resnet50) or one of ours ({', '.join(sorted(_OWN_MODELS)) or 'none'})"
+            f"(e.g. inception_v3, resnet50), timm/<a timm model> or one of ours "
+            f"({', '.join(sorted(_OWN_MODELS)) or 'none'})"
         )
 
 
@@ -87,6 +103,8 @@ def model_arguments(name: str) -> list[str] | None:
     _check_known(name)
     if name in _OWN_MODELS:
         return _named_parameters(_OWN_MODELS[name])
+    if timm_source.is_timm(name):
+        return None  # timm passes them to each model class's own constructor: timm.create_model checks them
     models = _tv_models()
     arguments = set(_named_parameters(models.get_model_builder(name)) or []) - {"weights", "progress"}
     try:
@@ -143,6 +161,19 @@ def imagenet_wnids() -> list[str]:
     """The 1000 ImageNet-1k WordNet ids in class-index order (shipped with the package): the names of the
     rows of every ImageNet head here (torchvision's, timm's, the converted weights')."""
     return resources.files("inceptionlab").joinpath("resources/imagenet_synsets.txt").read_text().split()
+
+
+def imagenet_labels() -> list[str]:
+    """ImageNet-1k's human labels in class-index order, as torchvision's weights name them ("Samoyed")."""
+    return list(_tv_models().ResNet18_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def _timm_classes(name: str) -> tuple[list[str], list[str]] | None:
+    """A timm model's pretrained rows: (wnids, labels), ImageNet-1k's labelled as torchvision's are."""
+    named = timm_source.class_names(name)
+    if named is not None and named[0] == imagenet_wnids():
+        return named[0], imagenet_labels()
+    return named
 
 
 def default_weights(name: str) -> "torchvision.models.WeightsEnum":
@@ -240,7 +271,8 @@ class BuiltModel:
 def _want_pretrained(name: str, weights: str | None) -> str | None:
     """Resolve `imagenet_if_cached` to imagenet or None; pass everything else through."""
     if weights == "imagenet_if_cached":
-        return "imagenet" if cached_weights_file(name).is_file() else None
+        cached = timm_source.is_cached(name) if timm_source.is_timm(name) else cached_weights_file(name).is_file()
+        return "imagenet" if cached else None
     return weights
 
 
@@ -255,10 +287,15 @@ def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
     weights = _want_pretrained(name, weights)
     if weights is None or weights == RANDOM_WEIGHTS:
         return None
+    if weights == "imagenet" and timm_source.is_timm(name):
+        return _timm_imagenet_source(name)
     if weights == "imagenet":
         if name in _OWN_MODELS:
             raise UserError(f"model {name!r} has no ImageNet weights: set model.weights=null, a weights file "
-                            "or a run directory")
+                            "or a run directory" + (
+                                " (Google's 2015 weights, converted: python tools/real_weights.py fetch, then "
+                                "model.weights=$(python tools/real_weights.py path inception_v3_fid))"
+                                if name == "inception_v3_fid" else ""))
         categories = list(default_weights(name).meta["categories"])
         preprocessing = weights_preprocessing(name)
         # Rows named by WordNet id, so a dataset of ImageNet classes (tiny-imagenet's wnids) keeps them.
@@ -276,6 +313,17 @@ def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
         source.expects = _assumed_input(name, source)
     if source.arch is None:  # a plain state_dict: torchvision's layout for that architecture
         source.arch_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **source.arch_kwargs}
+    return source
+
+
+def _timm_imagenet_source(name: str) -> WeightsSource:
+    """A timm model's pretrained weights (timm_source.pretrained_state) with what its config says of them."""
+    state, cached = timm_source.pretrained_state(name)
+    named = _timm_classes(name)
+    preprocess = timm_source.preprocessing(name)
+    source = WeightsSource(state, f"{name} pretrained weights", name, named[0] if named else None,
+                           match_names=False, file=cached, class_labels=named[1] if named else None)
+    source.expects = ExpectedInput(preprocess.mean, preprocess.std, None, f"timm's pretrained config of {name}")
     return source
 
 
@@ -297,6 +345,8 @@ def _assumed_input(name: str, source: WeightsSource) -> ExpectedInput | None:
 def _builder(name: str, num_classes: int) -> Callable[..., nn.Module]:
     if name in _OWN_MODELS:
         return lambda **kwargs: _OWN_MODELS[name](num_classes=num_classes, **kwargs)
+    if timm_source.is_timm(name):
+        return lambda **kwargs: timm_source.create(name, num_classes, **kwargs)
     return lambda **kwargs: _tv_models().get_model(name, weights=None, num_classes=num_classes, **kwargs)
 
 
@@ -328,8 +378,6 @@ def build_model(
     wants_aux = aux_loss_weight is not None
     build = _builder(name, num_classes)
     if source is None:
-        if name in _OWN_MODELS:
-            return BuiltModel(_construct(build, name, **kwargs), dict(kwargs), None, None)
         if name in _PRETRAINED_ARCH_KWARGS:
             kwargs.setdefault("aux_logits", wants_aux)
             kwargs.setdefault("init_weights", True)  # torchvision's init; None only adds a warning
@@ -354,7 +402,8 @@ def build_model(
     keep = _arch_kwargs(model) | dict(kwargs) if name not in _OWN_MODELS else arch_kwargs
     lines = [*fitted.lines, *(decision.lines if decision is not None else [])]
     record = _weights_record(source, fitted.record, keep.get("transform_input"), lines)
-    pretrained = "imagenet" if source.where == f"{name} ImageNet weights" else str(source.file)
+    pretrained = "imagenet" if source.where in (f"{name} ImageNet weights", f"{name} pretrained weights") else str(
+        source.file)
     return BuiltModel(model, keep, pretrained, source.class_labels or source.class_names, lines, record)
 
 
@@ -382,6 +431,8 @@ def rebuild_model(spec: ModelSpec) -> nn.Module:
     _check_known(spec.arch)
     if spec.arch in _OWN_MODELS:
         return _OWN_MODELS[spec.arch](num_classes=spec.num_classes, **spec.arch_kwargs)
+    if timm_source.is_timm(spec.arch):
+        return timm_source.create(spec.arch, spec.num_classes, **spec.arch_kwargs)
     return _tv_models().get_model(spec.arch, weights=None, num_classes=spec.num_classes, **spec.arch_kwargs)
 
 
@@ -404,6 +455,8 @@ def model_preprocessing(name: str) -> Preprocessing | None:
     _check_known(name)
     if name in _OWN_MODELS:
         return _OWN_PREPROCESSING[name]
+    if timm_source.is_timm(name):
+        return timm_source.preprocessing(name)
     return weights_preprocessing(name)
 
 
@@ -445,6 +498,8 @@ def pretrained_spec(name: str) -> ModelSpec:
     if name in _OWN_MODELS:
         raise UserError(f"--model {name}: has no pretrained weights to serve or run; train it first and give the "
                         "run directory instead")
+    if timm_source.is_timm(name):
+        return _timm_pretrained_spec(name)
     weights = default_weights(name)
     preprocess = weights_preprocessing(name)
     categories = list(weights.meta["categories"])
@@ -461,6 +516,18 @@ def pretrained_spec(name: str) -> ModelSpec:
         if name in _PRETRAINED_ARCH_KWARGS
         else {},
     )
+
+
+def _timm_pretrained_spec(name: str) -> ModelSpec:
+    """The spec of a timm model's pretrained weights: its config's preprocessing, ImageNet's classes by wnid."""
+    named = _timm_classes(name)
+    if named is None:
+        raise UserError(f"--model {name}: its pretrained head's classes are not ImageNet's: train it first and give "
+                        "the run directory instead")
+    preprocess = timm_source.preprocessing(name)
+    return ModelSpec(arch=name, num_classes=len(named[0]), class_names=named[0], class_labels=named[1],
+                     crop_size=preprocess.crop_size, resize_size=preprocess.resize_size,
+                     interpolation=preprocess.interpolation, mean=list(preprocess.mean), std=list(preprocess.std))
 
 
 def load_run_model(run_dir: Path, weights: Path | None = None) -> tuple[nn.Module, ModelSpec]:
