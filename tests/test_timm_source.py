@@ -111,3 +111,23 @@ def test_a_timm_run_trains_head_first_then_predicts_evaluates_and_reports(tmp_pa
     assert evaluated.code == 0, evaluated.err
     reported = cli("report", run, "--cam", "2", "--json")
     assert reported.code == 0, reported.err
+    served_over_kserve(Path(run), next((data / "val" / "dog").iterdir()))
+
+
+def served_over_kserve(run: Path, photo: Path) -> None:
+    """Served under a name a URL can carry: 'timm/...' as the model's name left /v2/models/timm/<name> with
+    no route (failed on 385b6d1: 'no route GET /v2/models/timm/tf_efficientnet_lite0')."""
+    from fastapi.testclient import TestClient
+
+    from inceptionlab.serve.app import create_app
+    from inceptionlab.serve.models import ModelLoadSettings, load_served_model
+    from inceptionlab.serve.service import RequestSettings
+
+    settings = ModelLoadSettings(backend="eager", precision="fp32", device="cpu", max_batch=2, instances=1,
+                                 max_delay_ms=1, log=lambda message: None)
+    served = load_served_model(settings, run_dir=run)
+    assert served.name == "timm_tf_efficientnet_lite0"
+    with TestClient(create_app([served], RequestSettings())) as client:
+        assert client.get(f"/v2/models/{served.name}").json()["name"] == served.name
+        answer = client.post("/v1/classify", files={"file": (photo.name, photo.read_bytes())}).json()
+        assert answer["model"] == served.name and answer["results"][0]["answer"] in ("cat", "dog", "fox")
