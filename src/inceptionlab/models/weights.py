@@ -123,13 +123,13 @@ def decide_transform_input(expects: ExpectedInput, normalisation: tuple[Sequence
     target = expects.first_layer()
     said = f"mean {_fmt(expects.mean)} std {_fmt(expects.std)}" + (
         f", transform_input {str(expects.transform_input).lower()}" if expects.transform_input is not None else "")
-    line = f"weights: they expect inputs normalised by {said} ({expects.where})"
+    line = f"weights: the input they expect, from {expects.where}: normalised by {said}"
     choices = [False, True] if has_switch else [False]
     chosen = next((c for c in choices if all(_close(a, b) for a, b in zip(first_layer_input(mean, std, c), target))),
                   None)
     if chosen is not None:
         if has_switch:
-            line += (f"; transform_input {str(chosen).lower()}" + (
+            line += (f"; this run: transform_input {str(chosen).lower()}" + (
                 " (the model turns this run's ImageNet-normalised inputs into the [-1, 1] they were trained on)"
                 if chosen else ""))
         return InputDecision(chosen if has_switch else None, [line])
