@@ -283,7 +283,8 @@ RANDOM_WEIGHTS_SEED = 0  # the same "random" model every time, whatever the call
 def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
     """The weights a model named `name` starts from (None: random init), with what is known of them: the
     architecture, classes and input their run, checkpoint or sidecar records (models/weights.py). Read once
-    per run: the session fills the recipe's empty preprocessing from them, then `build_model` fits them."""
+    per run: the session fills the recipe's empty preprocessing from them, then `build_model` fits them.
+    ImageNet's (torchvision's, timm's) are read, or downloaded, only then (WeightsSource.load)."""
     weights = _want_pretrained(name, weights)
     if weights is None or weights == RANDOM_WEIGHTS:
         return None
@@ -299,9 +300,10 @@ def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
         categories = list(default_weights(name).meta["categories"])
         preprocessing = weights_preprocessing(name)
         # Rows named by WordNet id, so a dataset of ImageNet classes (tiny-imagenet's wnids) keeps them.
-        source = WeightsSource(_load_imagenet_state_dict(name), f"{name} ImageNet weights", name, imagenet_wnids(),
+        source = WeightsSource({}, f"{name} ImageNet weights", name, imagenet_wnids(),
                                dict(_PRETRAINED_ARCH_KWARGS.get(name, {})), match_names=False,
-                               file=cached_weights_file(name), class_labels=categories)
+                               file=cached_weights_file(name), class_labels=categories,
+                               pending=lambda: _load_imagenet_state_dict(name))
         source.expects = ExpectedInput(preprocessing.mean, preprocessing.std,
                                        True if name in _PRETRAINED_ARCH_KWARGS else None,
                                        f"torchvision's {name} ImageNet weights")
@@ -318,11 +320,11 @@ def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
 
 def _timm_imagenet_source(name: str) -> WeightsSource:
     """A timm model's pretrained weights (timm_source.pretrained_state) with what its config says of them."""
-    state, cached = timm_source.pretrained_state(name)
     named = _timm_classes(name)
     preprocess = timm_source.preprocessing(name)
-    source = WeightsSource(state, f"{name} pretrained weights", name, named[0] if named else None,
-                           match_names=False, file=cached, class_labels=named[1] if named else None)
+    source = WeightsSource({}, f"{name} pretrained weights", name, named[0] if named else None,
+                           match_names=False, file=timm_source.cached_file(name),
+                           class_labels=named[1] if named else None, pending=lambda: timm_source.pretrained_state(name))
     source.expects = ExpectedInput(preprocess.mean, preprocess.std, None, f"timm's pretrained config of {name}")
     return source
 

@@ -101,12 +101,17 @@ def _cached_file(cfg: Any) -> Path | None:
 
 
 def is_cached(name: str) -> bool:
-    return _cached_file(pretrained_cfg(name)) is not None
+    return cached_file(name) is not None
 
 
-def pretrained_state(name: str) -> tuple[dict[str, torch.Tensor], Path | None]:
-    """The pretrained weights (timm's own filtering applied) and the cached file they came from: from the
-    cache; when absent, downloaded by timm after saying so."""
+def cached_file(name: str) -> Path | None:
+    """The model's pretrained file in the Hugging Face cache (None: not downloaded)."""
+    return _cached_file(pretrained_cfg(name))
+
+
+def pretrained_state(name: str) -> dict[str, torch.Tensor]:
+    """The pretrained weights (timm's own filtering applied): from the cache; when absent, downloaded by
+    timm after saying so."""
     timm = _timm()
     cfg = pretrained_cfg(name)
     cached = _cached_file(cfg)
@@ -120,7 +125,7 @@ def pretrained_state(name: str) -> tuple[dict[str, torch.Tensor], Path | None]:
         raise UserError(f"{name} pretrained weights not found and not downloadable ({type(exc).__name__}): run once "
                         f"with network to fill the Hugging Face cache, or give a file: --set model.weights=PATH "
                         "(train) / --weights PATH") from None
-    return model.state_dict(), cached
+    return model.state_dict()
 
 
 def classifier_name(model: nn.Module) -> str | None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -164,6 +164,14 @@ class WeightsSource:
     class_labels: list[str] | None = None
     about: Any = None  # a sidecar's `source`
     sub_module: tuple[str, int] | None = None  # (prefix, tensors of the file left out): see _choose_sub_module
+    # Reads `state` when it is first needed (a download: after the data are read, whose errors come first).
+    pending: Callable[[], dict[str, torch.Tensor]] | None = None
+
+    def load(self) -> "WeightsSource":
+        """The tensors, read now if they were left for later."""
+        if self.pending is not None:
+            self.state, self.pending = self.pending(), None
+        return self
 
     def notes(self) -> list[str]:
         lines = [f"weights: unwrapped from {key!r} (the file holds more than the weights; the rest is left out)"
@@ -335,6 +343,7 @@ class Fitted:
 def fit_weights(model: nn.Module, source: WeightsSource, num_classes: int, class_names: list[str] | None,
                 name: str) -> Fitted:
     """Copy `source` into `model` (built for the target classes); see the module docstring."""
+    source.load()
     target = model.state_dict()
     heads = head_modules(model, num_classes)
     aux = [a for a in AUX_HEAD_ATTRS if isinstance(getattr(model, a, None), nn.Module)]
