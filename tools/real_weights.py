@@ -189,12 +189,10 @@ def lite0_eagle_top5(state: dict[str, torch.Tensor]) -> list[int]:
 
 
 def lite0_sidecar(entry: RealWeights) -> dict[str, Any]:
-    from torchvision.models._meta import _IMAGENET_CATEGORIES
-
-    from inceptionlab.models.registry import imagenet_wnids
+    from inceptionlab.models.registry import imagenet_labels, imagenet_wnids
 
     return {
-        "arch": entry.arch, "class_names": imagenet_wnids(), "class_labels": list(_IMAGENET_CATEGORIES),
+        "arch": entry.arch, "class_names": imagenet_wnids(), "class_labels": imagenet_labels(),
         "mean": [0.5] * 3, "std": [0.5] * 3, "resize_size": 256, "crop_size": 224, "interpolation": "bicubic",
         "source": (f"{entry.package}=={entry.version} ({entry.license}), {entry.member}: EfficientNet-Lite0 with its "
                    "ImageNet head, EfficientNet-PyTorch's names mapped in order onto timm's tf_efficientnet_lite0 by "
