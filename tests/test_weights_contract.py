@@ -292,7 +292,7 @@ def test_a_dataset_of_imagenet_classes_keeps_the_pretrained_rows_by_wnid(incepti
     built = build_model("inception_v3", 2, "imagenet", class_names=["n01443537", "n01440764"])  # goldfish, tench
     assert torch.equal(built.model.fc.weight[0], hub["fc.weight"][1])
     assert torch.equal(built.model.fc.bias[1], hub["fc.bias"][0])
-    line_with(built.report, "2 of 2 classes carried over by name, reordered")
+    line_with(built.report, "2 of 2 classes carried over by name (of the weights' 1000)")
     assert built.record["head"] == "replaced" and built.record["rows_carried"] == 2
     others = build_model("inception_v3", 2, "imagenet", class_names=["cat", "dog"])
     line_with(others.report, "head fc starts new (1000 classes in the weights, 2 here)")

@@ -481,5 +481,6 @@ def _head_line(heads: list[str], rows: list[int | None] | None, source: WeightsS
     names = class_names or [str(i) for i in range(num_classes)]
     new = [names[i] for i, r in enumerate(rows) if r is None]
     shown = ", ".join(new[:5]) + (f" and {len(new) - 5} more" if len(new) > 5 else "")
-    return (f"weights: head {head} replaced: {len(carried)} of {num_classes} classes carried over by name"
-            + (f", new: {shown}" if new else ", reordered")), "replaced"
+    fewer = source.class_names is not None and len(source.class_names) > num_classes
+    rest = f", new: {shown}" if new else f" (of the weights' {len(source.class_names)})" if fewer else ", reordered"
+    return f"weights: head {head} replaced: {len(carried)} of {num_classes} classes carried over by name{rest}", "replaced"
