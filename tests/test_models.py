@@ -29,6 +29,7 @@ OWN_INPUTS = {
     "cifar10_cnn": lambda: torch.rand(2, 3, 32, 32),
     "fashion_mlp": lambda: torch.rand(2, 1, 28, 28),
     "text_classifier": lambda: torch.randint(0, 10_001, (2, 20)),
+    "inception_v3_fid": lambda: torch.rand(2, 3, 75, 75),  # Inception v3's smallest input
 }
 TORCHVISION_MODELS = {  # the torchvision models the project's recipes, demo and benchmarks use
     "inception_v3": 75, "resnet18": 64, "mobilenet_v3_small": 64, "squeezenet1_0": 64, "googlenet": 64,

@@ -183,6 +183,11 @@ class RunDir:
         return self.path / "spec.json"
 
     @property
+    def weights_record(self) -> Path:
+        """Where the starting weights came from and what was decided on them (models/weights.py)."""
+        return self.path / "weights.json"
+
+    @property
     def metrics_file(self) -> Path:
         return self.path / "metrics.jsonl"
 

@@ -74,9 +74,11 @@ def _auto_or_bool(where: str, value: Any) -> bool | str:
 @dataclass
 class ModelConfig:
     name: str = "inception_v3"  # registry name: any torchvision classification model, or ours
-    # "imagenet" (the model's default weights), null (random init), a weights file (a state_dict, or a
-    # run's checkpoint), or a run directory (its spec.json names the architecture and classes). Heads are
-    # kept when the classes match, replaced (rows of shared class names carried over) when they differ.
+    # "imagenet" (the model's default weights), null (random init), a weights file (a state_dict, a run's
+    # checkpoint, another tool's checkpoint; a sidecar NAME.json beside it may give its classes, mean and std),
+    # or a run directory (its spec.json names the architecture, classes and input). The body must fit; the
+    # head is kept when the classes match, replaced (rows of shared class names carried over) when they
+    # differ, made new when the weights have none.
     weights: Optional[str] = "imagenet"
     num_classes: Optional[int] = None  # null: taken from the dataset's classes
     aux_loss_weight: Optional[float] = None  # null: drop Inception's aux head; else keep it, loss weight

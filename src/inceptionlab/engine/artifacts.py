@@ -42,6 +42,8 @@ class RunArtifacts:
         atomic_write_text(self.run.path / "recipe.resolved.yaml", recipe_to_yaml(s.recipe))
         atomic_write_json(self.run.path / "env.json", run_environment(s))
         s.spec.save(self.run.spec_file)
+        if s.weights_record is not None and resumed_at is None:  # a resumed run's weights are its checkpoint's
+            atomic_write_json(self.run.weights_record, s.weights_record)
         for name, save in s.splits.artifacts.items():  # e.g. the text vectorizer's tokenizer.json
             save(self.run.path / name)
         if s.spec.input_kind == "image" and not (self.run.plots / "samples.png").exists():

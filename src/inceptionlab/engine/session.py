@@ -38,7 +38,7 @@ from inceptionlab.engine.speed import RunShape, resolve_speed_settings
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.models.parts import ModelParts, model_parts
-from inceptionlab.models.registry import build_model, resolve_data_config
+from inceptionlab.models.registry import build_model, resolve_data_config, starting_weights
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.runtime import resolve_device, seed_everything
 
@@ -76,6 +76,7 @@ class TrainingSession:
     sample_weights: torch.Tensor | None  # data.sampler=balanced: per training sample
     steps_per_epoch: int  # the schedule's unit: the image loader's steps in a whole epoch
     pretrained: str | None  # what the starting weights are (imagenet, a file, a run), None: random init
+    weights_record: dict[str, Any] | None = None  # where the starting weights came from, every decision (weights.json)
 
     def resumable_parts(self) -> dict[str, Any]:
         """What a checkpoint saves and restores (see checkpoint.training_checkpoint)."""
@@ -118,8 +119,10 @@ class SessionBuilder:
     finished session carries the resolved one (recipe.resolved.yaml)."""
 
     def __init__(self, recipe: Recipe, *, fresh_speed: bool = False):
-        # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config).
-        self.recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name))
+        # Preprocessing fields a recipe leaves empty come from the model's weights (timm's resolve_data_config):
+        # what a run or a sidecar records with them, else the architecture's defaults.
+        self.weights = starting_weights(recipe.model.name, recipe.model.weights)
+        self.recipe = replace(recipe, data=resolve_data_config(recipe.data, recipe.model.name, self.weights))
         self.fresh_speed = fresh_speed
         self.size_notes: list[str] = []
 
@@ -150,7 +153,7 @@ class SessionBuilder:
     def _build_model_and_task(self) -> None:
         recipe = self.recipe
         normalisation = (recipe.data.mean, recipe.data.std) if recipe.data.mean is not None else None
-        self.built = build_model(recipe.model.name, self.num_classes, recipe.model.weights, recipe.model.aux_loss_weight,
+        self.built = build_model(recipe.model.name, self.num_classes, self.weights, recipe.model.aux_loss_weight,
                                  list(self.splits.class_names), normalisation=normalisation,
                                  **{**recipe.model.kwargs, **self.splits.model_kwargs})
         self.task = make_task(recipe.task, self.num_classes, recipe.train.label_smoothing, recipe.model.aux_loss_weight,
@@ -250,7 +253,7 @@ class SessionBuilder:
             threads=self.threads, weights_notes=list(weights_notes), parts=self.parts, ema=self.ema,
             train_set=self.train_set, val_set=self.val_set, val_set_transform=val_set_transform,
             image_options=_device_image_options(self.recipe), sample_weights=self.sample_weights,
-            steps_per_epoch=self.steps_per_epoch, pretrained=self.built.pretrained)
+            steps_per_epoch=self.steps_per_epoch, pretrained=self.built.pretrained, weights_record=self.built.record)
 
 
 def _micro_batch(recipe: Recipe) -> int | None:

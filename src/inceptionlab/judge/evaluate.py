@@ -17,7 +17,6 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +41,9 @@ from inceptionlab.fileio import atomic_write_json, sha256_file
 from inceptionlab.judge.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
 from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
-from inceptionlab.models.registry import RANDOM_WEIGHTS, load_pretrained_model, load_run_model
+from inceptionlab.models.registry import RANDOM_WEIGHTS, imagenet_wnids, load_pretrained_model, load_run_model
 from inceptionlab.models.rule import FittedOn
 from inceptionlab.models.spec import ModelSpec
-
-
-def imagenet_wnids() -> list[str]:
-    """The 1000 ImageNet-1k WordNet ids in class-index order (shipped with the package)."""
-    text = resources.files("inceptionlab").joinpath("resources/imagenet_synsets.txt").read_text()
-    return text.split()
 
 
 class TargetMap(torch.utils.data.Dataset):

@@ -14,7 +14,8 @@ rather than by name patterns per recipe:
   holding at least half of the body's parameters opened too (ViT's `encoder` would otherwise be one
   layer of 12 blocks). ResNet50: stem conv, stem BN, 16 bottleneck blocks; Inception v3: 16 named
   blocks (Conv2d_1a_3x3 ... Mixed_7c); ViT-B/16: patch projection, class token and position embedding,
-  12 encoder blocks, final LayerNorm.
+  12 encoder blocks, final LayerNorm. A timm model's head is what its `get_classifier()` returns and its
+  layers are its own `group_matcher()` groups (models/timm_source.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from torch import nn
+
+from inceptionlab.models import timm_source
 
 # Modules holding auxiliary classifiers (Inception v3, GoogLeNet): trained for their loss only, dropped
 # when the aux loss is off (as the guide does), and never part of the head a linear probe trains.
@@ -75,7 +78,10 @@ def _inside(name: str, modules: list[str] | tuple[str, ...]) -> bool:
 
 
 def head_modules(model: nn.Module, num_classes: int) -> list[str]:
-    """The main classifier's output layer: see the module docstring."""
+    """The main classifier's output layer: see the module docstring (timm's models name theirs)."""
+    named = timm_source.classifier_name(model)
+    if named is not None:
+        return [named]
     aux = aux_modules(model)
     widths = [num_classes] + ([1] if num_classes == 2 else [])  # binary tasks: one logit
     for width in widths:
@@ -94,9 +100,29 @@ def model_parts(model: nn.Module, num_classes: int) -> ModelParts:
     head_params = tuple(n for n in names if _inside(owner(n), head))
     aux_params = tuple(n for n in names if _inside(owner(n), aux))
     skip = (*head, *aux)
+    groups = timm_source.parameter_groups(model)
+    if groups is not None:  # timm's own grouping (group_matcher), as its layer-wise decay uses
+        layers = tuple(Layer(_common_module(g), tuple(n for n in g if not _inside(owner(n), skip)))
+                       for g in groups if any(not _inside(owner(n), skip) for n in g))
+        return ModelParts(tuple(head), tuple(aux), head_params, aux_params, layers)
     body_total = sum(p.numel() for n, p in model.named_parameters() if not _inside(owner(n), skip))
     layers = tuple(_layers(model, "", skip, body_total))
     return ModelParts(tuple(head), tuple(aux), head_params, aux_params, layers)
+
+
+def _common_module(params: list[str]) -> str:
+    """The module path all `params` share ("blocks.1.1"); for a group spanning several, their top modules in
+    order ("conv_stem, bn1": timm's stem group)."""
+    paths = [p.split(".")[:-1] for p in params]
+    common = []
+    for parts in zip(*paths):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    if common:
+        return ".".join(common)
+    tops = [".".join(path[:3] if path and path[0] == "blocks" else path[:1]) for path in paths]
+    return ", ".join(dict.fromkeys(tops))
 
 
 def _params_outside(module: nn.Module, prefix: str, skip: tuple[str, ...], recurse: bool = True) -> list[tuple[str, int]]:

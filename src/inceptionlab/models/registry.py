@@ -8,7 +8,9 @@ drops or keeps Inception's auxiliary head. `rebuild_model` recreates a trained m
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
+from importlib import resources
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,10 +22,13 @@ from torch import nn
 from inceptionlab.checkpoint import RunDir
 from inceptionlab.config import DataConfig, needed_cache_size
 from inceptionlab.errors import UserError
+from inceptionlab.fileio import sha256_file
+from inceptionlab.models import timm_source
 from inceptionlab.models.parts import AUX_HEAD_ATTRS, output_layers
 from inceptionlab.models.small import SMALL_MODELS, SMALL_PREPROCESSING
 from inceptionlab.models.spec import IMAGENET_MEAN, IMAGENET_STD, ModelSpec, Preprocessing
-from inceptionlab.models.weights import WeightsSource, fit_weights, read_state_dict, source_from_path
+from inceptionlab.models.weights import (ExpectedInput, WeightsSource, decide_transform_input, fit_weights,
+                                         read_state_dict, source_from_path)
 
 if TYPE_CHECKING:
     import torchvision  # ~1.3 s: text and array runs never need it
@@ -36,17 +41,30 @@ def _tv_models() -> Any:
 
     return torchvision.models
 
-# Our own models: the guide's small case-study networks, and the preprocessing they declare.
-_OWN_MODELS: dict[str, Callable[..., nn.Module]] = dict(SMALL_MODELS)
-_OWN_PREPROCESSING: dict[str, Preprocessing | None] = dict(SMALL_PREPROCESSING)
+
+log = logging.getLogger(__name__)
+def inception_v3_fid(num_classes: int = 1000, aux_logits: bool = False, transform_input: bool = False,
+                     init_weights: bool = True, dropout: float = 0.5) -> nn.Module:
+    """Inception v3 with the pooling of Google's 2015 graph (models/inception_fid.py)."""
+    from inceptionlab.models.inception_fid import inception_v3_fid as build  # torchvision: ~1.3 s, see _tv_models
+
+    return build(num_classes, aux_logits, transform_input, init_weights, dropout)
+
+
+# Our own models: the guide's small case-study networks, and the preprocessing they declare; Inception v3 as
+# Google's 2015 graph computes it, with torchvision's Inception v3 preprocessing.
+_OWN_MODELS: dict[str, Callable[..., nn.Module]] = {**SMALL_MODELS, "inception_v3_fid": inception_v3_fid}
+_OWN_PREPROCESSING: dict[str, Preprocessing | None] = {
+    **SMALL_PREPROCESSING, "inception_v3_fid": Preprocessing(342, 299, "bilinear", IMAGENET_MEAN, IMAGENET_STD)}
 
 # Builder arguments torchvision's builders set by themselves when given pretrained weights: the
 # Google-trained Inception/GoogLeNet weights expect inputs normalised to [-1, 1], which
 # `transform_input=True` recreates from ImageNet-normalised tensors inside the model (its constants are
-# ImageNet's: `build_model` turns it off for any other normalisation, `_transform_input_for`).
+# ImageNet's: `build_model` sets it so the first layer sees [-1, 1], weights.decide_transform_input).
 _PRETRAINED_ARCH_KWARGS: dict[str, dict[str, Any]] = {
     "inception_v3": {"transform_input": True, "aux_logits": True, "init_weights": False},
     "googlenet": {"transform_input": True, "aux_logits": True, "init_weights": False},
+    "inception_v3_fid": {"transform_input": True, "aux_logits": True, "init_weights": False},
 }
 
 
@@ -69,10 +87,14 @@ def available_models() -> list[str]:
 def _check_known(name: str) -> None:
     if name in _OWN_MODELS:  # decided without importing torchvision (~1.3 s, see _tv_models)
         return
+    if timm_source.is_timm(name):
+        timm_source.check_known(name)
+        return
     if name not in available_models():
         raise UserError(
             f"unknown model {name!r}: use a torchvision classification model name "
-            f"(e.g. inception_v3, resnet50) or one of ours ({', '.join(sorted(_OWN_MODELS)) or 'none'})"
+            f"(e.g. inception_v3, resnet50), timm/<a timm model> or one of ours "
+            f"({', '.join(sorted(_OWN_MODELS)) or 'none'})"
         )
 
 
@@ -82,6 +104,8 @@ def model_arguments(name: str) -> list[str] | None:
     _check_known(name)
     if name in _OWN_MODELS:
         return _named_parameters(_OWN_MODELS[name])
+    if timm_source.is_timm(name):
+        return None  # timm passes them to each model class's own constructor: timm.create_model checks them
     models = _tv_models()
     arguments = set(_named_parameters(models.get_model_builder(name)) or []) - {"weights", "progress"}
     try:
@@ -132,6 +156,25 @@ def _construct(builder: Callable[..., nn.Module], name: str, **kwargs: Any) -> n
             raise
         key = message.rsplit("'", 2)[-2] if message.count("'") >= 2 else "?"
         raise UserError(_kwargs_message(name, key, model_arguments(name))) from None
+
+
+def imagenet_wnids() -> list[str]:
+    """The 1000 ImageNet-1k WordNet ids in class-index order (shipped with the package): the names of the
+    rows of every ImageNet head here (torchvision's, timm's, the converted weights')."""
+    return resources.files("inceptionlab").joinpath("resources/imagenet_synsets.txt").read_text().split()
+
+
+def imagenet_labels() -> list[str]:
+    """ImageNet-1k's human labels in class-index order, as torchvision's weights name them ("Samoyed")."""
+    return list(_tv_models().ResNet18_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+def _timm_classes(name: str) -> tuple[list[str], list[str]] | None:
+    """A timm model's pretrained rows: (wnids, labels), ImageNet-1k's labelled as torchvision's are."""
+    named = timm_source.class_names(name)
+    if named is not None and named[0] == imagenet_wnids():
+        return named[0], imagenet_labels()
+    return named
 
 
 def default_weights(name: str) -> "torchvision.models.WeightsEnum":
@@ -226,12 +269,14 @@ class BuiltModel:
     pretrained: str | None  # what was loaded: "imagenet", a path, or None (random init)
     source_classes: list[str] | None  # the pretrained weights' own class names
     report: list[str] = field(default_factory=list)  # what was loaded, kept, replaced, started new
+    record: dict[str, Any] | None = None  # the same, with the file's checksum: the run's weights.json
 
 
 def _want_pretrained(name: str, weights: str | None) -> str | None:
     """Resolve `imagenet_if_cached` to imagenet or None; pass everything else through."""
     if weights == "imagenet_if_cached":
-        return "imagenet" if cached_weights_file(name).is_file() else None
+        cached = timm_source.is_cached(name) if timm_source.is_timm(name) else cached_weights_file(name).is_file()
+        return "imagenet" if cached else None
     return weights
 
 
@@ -239,44 +284,82 @@ RANDOM_WEIGHTS = "random"  # --weights random: no file, no download (latency and
 RANDOM_WEIGHTS_SEED = 0  # the same "random" model every time, whatever the caller's RNG state
 
 
-def _transform_input_for(normalisation: tuple[Any, Any] | None) -> bool:
-    """Whether Inception/GoogLeNet's `transform_input` gives the pretrained weights their [-1, 1] inputs:
-    only for ImageNet's mean/std, the constants it inverts. The demo's 0.5/0.5 already gives [-1, 1];
-    converted again, the network saw about half the range it was trained on. Any other normalisation is
-    fed as the recipe gives it (None: the caller's inputs are ImageNet-normalised, as pretrained specs are)."""
-    if normalisation is None:
-        return True
-    mean, std = normalisation
-    close = lambda a, b: len(a) == len(b) and all(abs(x - y) < 1e-6 for x, y in zip(a, b))  # noqa: E731
-    return close(list(mean), IMAGENET_MEAN) and close(list(std), IMAGENET_STD)
-
-
-def _weights_source(name: str, weights: str) -> WeightsSource:
+def starting_weights(name: str, weights: str | None) -> WeightsSource | None:
+    """The weights a model named `name` starts from (None: random init), with what is known of them: the
+    architecture, classes and input their run, checkpoint or sidecar records (models/weights.py). Read once
+    per run: the session fills the recipe's empty preprocessing from them, then `build_model` fits them.
+    ImageNet's (torchvision's, timm's) are read, or downloaded, only then (WeightsSource.load)."""
+    weights = _want_pretrained(name, weights)
+    if weights is None or weights == RANDOM_WEIGHTS:
+        return None
+    if weights == "imagenet" and timm_source.is_timm(name):
+        return _timm_imagenet_source(name)
     if weights == "imagenet":
         if name in _OWN_MODELS:
             raise UserError(f"model {name!r} has no ImageNet weights: set model.weights=null, a weights file "
-                            "or a run directory")
+                            "or a run directory" + (
+                                " (Google's 2015 weights, converted: python tools/real_weights.py fetch, then "
+                                "model.weights=$(python tools/real_weights.py path inception_v3_fid))"
+                                if name == "inception_v3_fid" else ""))
         categories = list(default_weights(name).meta["categories"])
-        return WeightsSource(_load_imagenet_state_dict(name), f"{name} ImageNet weights", name, categories,
-                             dict(_PRETRAINED_ARCH_KWARGS.get(name, {})), match_names=False)
+        preprocessing = weights_preprocessing(name)
+        # Rows named by WordNet id, so a dataset of ImageNet classes (tiny-imagenet's wnids) keeps them.
+        source = WeightsSource({}, f"{name} ImageNet weights", name, imagenet_wnids(),
+                               dict(_PRETRAINED_ARCH_KWARGS.get(name, {})), match_names=False,
+                               file=cached_weights_file(name), class_labels=categories,
+                               pending=lambda: _load_imagenet_state_dict(name))
+        source.expects = ExpectedInput(preprocessing.mean, preprocessing.std,
+                                       True if name in _PRETRAINED_ARCH_KWARGS else None,
+                                       f"torchvision's {name} ImageNet weights")
+        return source
     source = source_from_path(Path(weights).expanduser())
     if source.arch is not None and source.arch != name:
         raise UserError(f"{weights}: weights of a {source.arch} model, not {name}: set model.name={source.arch}")
-    if source.arch is None:  # a plain state_dict: assume torchvision's layout for that architecture
-        source.arch_kwargs = dict(_PRETRAINED_ARCH_KWARGS.get(name, {}))
+    if source.expects is None:
+        source.expects = _assumed_input(name, source)
+    if source.arch is None:  # a plain state_dict: torchvision's layout for that architecture
+        source.arch_kwargs = {**_PRETRAINED_ARCH_KWARGS.get(name, {}), **source.arch_kwargs}
     return source
+
+
+def _timm_imagenet_source(name: str) -> WeightsSource:
+    """A timm model's pretrained weights (timm_source.pretrained_state) with what its config says of them."""
+    named = _timm_classes(name)
+    preprocess = timm_source.preprocessing(name)
+    source = WeightsSource({}, f"{name} pretrained weights", name, named[0] if named else None,
+                           match_names=False, file=timm_source.cached_file(name),
+                           class_labels=named[1] if named else None, pending=lambda: timm_source.pretrained_state(name))
+    source.expects = ExpectedInput(preprocess.mean, preprocess.std, None, f"timm's pretrained config of {name}")
+    return source
+
+
+def _assumed_input(name: str, source: WeightsSource) -> ExpectedInput | None:
+    """With nothing recorded beside the weights: the architecture's defaults, said as an assumption. A plain
+    Inception v3 / GoogLeNet file is taken as torchvision's (Google's weights: pixels in [-1, 1])."""
+    defaults = model_preprocessing(name)
+    if defaults is None:  # the model takes no images
+        return None
+    sidecar = source.file.with_suffix(".json") if source.file is not None else None
+    google = name in _PRETRAINED_ARCH_KWARGS and "transform_input" not in source.arch_kwargs
+    where = (f"{name}'s defaults (nothing recorded with the weights)" if not google else
+             f"taken as torchvision's own {name} file: Google's weights, pixels in [-1, 1] (nothing recorded with "
+             f"the weights; {sidecar} with mean, std and transform_input says otherwise)")
+    return ExpectedInput(tuple(defaults.mean), tuple(defaults.std),
+                         True if google else source.arch_kwargs.get("transform_input"), where, recorded=False)
 
 
 def _builder(name: str, num_classes: int) -> Callable[..., nn.Module]:
     if name in _OWN_MODELS:
         return lambda **kwargs: _OWN_MODELS[name](num_classes=num_classes, **kwargs)
+    if timm_source.is_timm(name):
+        return lambda **kwargs: timm_source.create(name, num_classes, **kwargs)
     return lambda **kwargs: _tv_models().get_model(name, weights=None, num_classes=num_classes, **kwargs)
 
 
 def build_model(
     name: str,
     num_classes: int,
-    weights: str | None = None,
+    weights: str | WeightsSource | None = None,
     aux_loss_weight: float | None = None,
     class_names: list[str] | None = None,
     *,
@@ -284,11 +367,12 @@ def build_model(
     **kwargs: Any,
 ) -> BuiltModel:
     """A model ready to train or run: starting weights fitted (models/weights.py), heads sized to
-    `num_classes`, Inception's aux head kept only when weighted. `class_names` (the dataset's) lets a
-    run's head carry over the classes both have. `normalisation`: the (mean, std) its inputs are
-    normalised with, which decides Inception/GoogLeNet's `transform_input` for Google's weights
-    (`_transform_input_for`); weights from a run keep the setting that run recorded. `weights` "random":
-    random init from RANDOM_WEIGHTS_SEED, the caller's RNG left as it was (the same model every time)."""
+    `num_classes`, Inception's aux head kept only when weighted. `weights`: what `starting_weights` takes,
+    or what it gave. `class_names` (the dataset's) lets a head carry over the classes both have.
+    `normalisation`: the (mean, std) the inputs are normalised with (None: as the weights expect), from
+    which Inception/GoogLeNet's `transform_input` is chosen so that the first layer sees what the weights
+    were trained on (weights.decide_transform_input). `weights` "random": random init from
+    RANDOM_WEIGHTS_SEED, the caller's RNG left as it was (the same model every time)."""
     _check_known(name)
     if weights == RANDOM_WEIGHTS:
         with torch.random.fork_rng(devices=[]):
@@ -296,23 +380,24 @@ def build_model(
             return build_model(name, num_classes, None, aux_loss_weight, class_names, normalisation=normalisation,
                                **kwargs)
     check_model_kwargs(name, kwargs)
-    weights = _want_pretrained(name, weights)
+    source = weights if isinstance(weights, WeightsSource) else starting_weights(name, weights)
     wants_aux = aux_loss_weight is not None
     build = _builder(name, num_classes)
-    if weights is None:
-        if name in _OWN_MODELS:
-            return BuiltModel(_construct(build, name, **kwargs), dict(kwargs), None, None)
+    if source is None:
         if name in _PRETRAINED_ARCH_KWARGS:
             kwargs.setdefault("aux_logits", wants_aux)
             kwargs.setdefault("init_weights", True)  # torchvision's init; None only adds a warning
         model = _construct(build, name, **kwargs)
         return BuiltModel(model, {**kwargs, **_arch_kwargs(model)}, None, None)
 
-    source = _weights_source(name, weights)
     arch_kwargs = {**source.arch_kwargs, **kwargs}
-    google_weights = weights == "imagenet" or source.arch is None  # ImageNet's, or a plain torchvision file
-    if google_weights and "transform_input" in arch_kwargs and "transform_input" not in kwargs:
-        arch_kwargs["transform_input"] = _transform_input_for(normalisation)
+    has_switch = "transform_input" in arch_kwargs or name in _PRETRAINED_ARCH_KWARGS
+    decision = None
+    if source.expects is not None:
+        decision = decide_transform_input(source.expects, normalisation or (source.expects.mean, source.expects.std),
+                                          has_switch and "transform_input" not in kwargs)
+        if decision.transform_input is not None:
+            arch_kwargs["transform_input"] = decision.transform_input
     if "aux_logits" in arch_kwargs or name in _PRETRAINED_ARCH_KWARGS:
         arch_kwargs["aux_logits"] = wants_aux
         arch_kwargs["init_weights"] = False  # the weights are loaded right after: skip the slow init
@@ -321,7 +406,30 @@ def build_model(
     if not wants_aux:
         drop_aux_heads(model)
     keep = _arch_kwargs(model) | dict(kwargs) if name not in _OWN_MODELS else arch_kwargs
-    return BuiltModel(model, keep, weights, source.class_names, fitted.lines)
+    lines = [*fitted.lines, *(decision.lines if decision is not None else [])]
+    record = _weights_record(source, fitted.record, keep.get("transform_input"), lines)
+    pretrained = "imagenet" if source.where in (f"{name} ImageNet weights", f"{name} pretrained weights") else str(
+        source.file)
+    return BuiltModel(model, keep, pretrained, source.class_labels or source.class_names, lines, record)
+
+
+def _weights_record(source: WeightsSource, fitted: dict[str, Any], transform_input: bool | None,
+                    lines: list[str]) -> dict[str, Any]:
+    """What the run's weights.json keeps: where the weights came from and every decision made on them."""
+    file = source.file
+    return {
+        "file": str(file) if file is not None else None,
+        "sha256": sha256_file(file) if file is not None and file.is_file() else None,
+        "arch": source.arch,
+        "described_by": str(source.described_by) if source.described_by is not None else None,
+        "about": source.about,
+        "unwrapped": list(source.unwrapped),
+        "prefixes_removed": list(source.prefixes_removed) + ([source.sub_module[0]] if source.sub_module else []),
+        **fitted,
+        "expects": source.expects.to_dict() if source.expects is not None else None,
+        "transform_input": transform_input,
+        "lines": list(lines),
+    }
 
 
 def rebuild_model(spec: ModelSpec) -> nn.Module:
@@ -329,6 +437,8 @@ def rebuild_model(spec: ModelSpec) -> nn.Module:
     _check_known(spec.arch)
     if spec.arch in _OWN_MODELS:
         return _OWN_MODELS[spec.arch](num_classes=spec.num_classes, **spec.arch_kwargs)
+    if timm_source.is_timm(spec.arch):
+        return timm_source.create(spec.arch, spec.num_classes, **spec.arch_kwargs)
     return _tv_models().get_model(spec.arch, weights=None, num_classes=spec.num_classes, **spec.arch_kwargs)
 
 
@@ -351,6 +461,8 @@ def model_preprocessing(name: str) -> Preprocessing | None:
     _check_known(name)
     if name in _OWN_MODELS:
         return _OWN_PREPROCESSING[name]
+    if timm_source.is_timm(name):
+        return timm_source.preprocessing(name)
     return weights_preprocessing(name)
 
 
@@ -358,23 +470,27 @@ def _first_set(*values: Any) -> Any:
     return next(value for value in values if value is not None)
 
 
-def resolve_data_config(data: DataConfig, model_name: str) -> DataConfig:
-    """`data` with every empty (null) preprocessing field taken from the model's defaults (timm's
-    resolve_data_config): a recipe states only what it changes, so `--set model.name=resnet50` gets
-    ResNet's 232 -> 224 instead of Inception's 342 -> 299. The training crop follows the eval crop."""
+def resolve_data_config(data: DataConfig, model_name: str, weights: WeightsSource | None = None) -> DataConfig:
+    """`data` with every empty (null) preprocessing field taken from the weights' record (a run's spec, a
+    sidecar: `weights`), else the model's defaults (timm's resolve_data_config): a recipe states only what it
+    changes, so `--set model.name=resnet50` gets ResNet's 232 -> 224 instead of Inception's 342 -> 299, and
+    a run continued from another gets the normalisation it was trained with. The training crop follows the
+    eval crop."""
     defaults = model_preprocessing(model_name)
     if defaults is None:  # no image input (text): nothing to fill
         return data
-    crop = _first_set(data.val_crop_size, defaults.crop_size)
+    recorded = weights.preprocessing if weights is not None else {}
+    default = lambda key: recorded.get(key, getattr(defaults, key))  # noqa: E731
+    crop = _first_set(data.val_crop_size, default("crop_size"))
     try:
         filled = replace(
             data,
-            val_resize_size=_first_set(data.val_resize_size, defaults.resize_size),
+            val_resize_size=_first_set(data.val_resize_size, default("resize_size")),
             val_crop_size=crop,
             train_crop_size=_first_set(data.train_crop_size, crop),
-            interpolation=_first_set(data.interpolation, defaults.interpolation),
-            mean=list(_first_set(data.mean, defaults.mean)),
-            std=list(_first_set(data.std, defaults.std)),
+            interpolation=_first_set(data.interpolation, default("interpolation")),
+            mean=list(_first_set(data.mean, default("mean"))),
+            std=list(_first_set(data.std, default("std"))),
         )
         # The decoded cache keeps what the eval resize and a whole-image training crop need.
         return replace(filled, cache_size=_first_set(filled.cache_size, needed_cache_size(filled)))
@@ -388,6 +504,8 @@ def pretrained_spec(name: str) -> ModelSpec:
     if name in _OWN_MODELS:
         raise UserError(f"--model {name}: has no pretrained weights to serve or run; train it first and give the "
                         "run directory instead")
+    if timm_source.is_timm(name):
+        return _timm_pretrained_spec(name)
     weights = default_weights(name)
     preprocess = weights_preprocessing(name)
     categories = list(weights.meta["categories"])
@@ -404,6 +522,18 @@ def pretrained_spec(name: str) -> ModelSpec:
         if name in _PRETRAINED_ARCH_KWARGS
         else {},
     )
+
+
+def _timm_pretrained_spec(name: str) -> ModelSpec:
+    """The spec of a timm model's pretrained weights: its config's preprocessing, ImageNet's classes by wnid."""
+    named = _timm_classes(name)
+    if named is None:
+        raise UserError(f"--model {name}: its pretrained head's classes are not ImageNet's: train it first and give "
+                        "the run directory instead")
+    preprocess = timm_source.preprocessing(name)
+    return ModelSpec(arch=name, num_classes=len(named[0]), class_names=named[0], class_labels=named[1],
+                     crop_size=preprocess.crop_size, resize_size=preprocess.resize_size,
+                     interpolation=preprocess.interpolation, mean=list(preprocess.mean), std=list(preprocess.std))
 
 
 def load_run_model(run_dir: Path, weights: Path | None = None) -> tuple[nn.Module, ModelSpec]:

@@ -58,6 +58,7 @@ from inceptionlab.infer.runtimes import (
 )
 from inceptionlab.infer.source import load_source
 from inceptionlab.infer.speed import decide_inference
+from inceptionlab.infer.triton import model_name
 from inceptionlab.models.registry import load_run_model
 from inceptionlab.models.rule import DecisionRule
 from inceptionlab.models.spec import ModelSpec
@@ -390,7 +391,9 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     buckets = batch_buckets(decision.plan.max_batch)
     rule = served_rule(settings.tta, opener.spec, run_dir or model)
     engines = [opener.engine(buckets, decision.threads) for _ in range(decision.plan.instances)]
-    served = ServedModel(name or opener.spec.arch, opener.spec, opener.label, opener.backend, opener.precision,
+    # The architecture's name where none is given, as Triton's repository would name it: timm/<name> has a '/'
+    # that no /v2/models/{name} route can carry.
+    served = ServedModel(name or model_name(opener.spec.arch), opener.spec, opener.label, opener.backend, opener.precision,
                          next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
                          opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, rule=rule,
                          max_request=settings.max_batch or hardware.AUTO_MAX_BATCH,
