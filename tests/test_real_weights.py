@@ -227,7 +227,7 @@ def test_grad_cam_on_the_samoyed_lies_on_the_dog(lite0, photos):
     pytest.importorskip("captum", reason="the trust extra: pip install 'inceptionlab[trust]'")
     from PIL import Image
 
-    from inceptionlab.infer.explain import Explainer
+    from inceptionlab.judge.explain import Explainer
     from inceptionlab.models.registry import load_pretrained_model
 
     model, spec = load_pretrained_model(LITE0, str(lite0))

@@ -7,10 +7,9 @@ decision is printed and recorded in the run (weights.json)."""
 from __future__ import annotations
 
 import json
-import logging
-import urllib.error
 
 import pytest
+from helpers.page_examples import check_example
 import torch
 import torchvision
 from conftest import make_image_folder
@@ -108,11 +107,13 @@ def test_a_self_supervised_checkpoint_gives_its_encoder(tmp_path):
         **{f"module.encoder_q.{k}": v for k, v in {**body, **mlp}.items()},
         **{f"module.encoder_k.{k}": torch.zeros_like(v) for k, v in {**body, **mlp}.items()},
         "module.queue": torch.randn(128, 65536 // 64)}}
-    torch.save(checkpoint, tmp_path / "moco.pth.tar")
-    built = build_model("resnet18", 3, str(tmp_path / "moco.pth.tar"))
+    torch.save(checkpoint, tmp_path / "moco_v2_800ep.pth.tar")
+    built = build_model("resnet18", 3, str(tmp_path / "moco_v2_800ep.pth.tar"))
     assert torch.equal(built.model.layer3[0].conv1.weight, source.layer3[0].conv1.weight)
     line_with(built.report, "the tensors under 'encoder_q.' taken")
     line_with(built.report, "head fc starts new (the weights' fc.0, fc.2 is of another form)")
+    check_example("fine-tuning-moco", "\n".join(built.report).replace(f"{tmp_path}/", ""),
+                  labels=["resnet18", "resnet50"])  # the page's is a resnet50
 
 
 def test_weights_that_do_not_fit_name_both_sides(tmp_path):
@@ -263,23 +264,6 @@ def test_every_decision_is_recorded_in_the_run(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- no download the user cannot see coming
-
-
-def test_an_imagenet_download_is_announced_in_the_programs_words(tmp_path, monkeypatch, caplog, capsys):
-    """Issue 43: torch printed its own 'Downloading: "<url>" to ...' before the program's one-line error.
-    The program says what it fetches, from where, into where, before it tries; torch says nothing."""
-    from inceptionlab.errors import UserError
-
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("no network")
-
-    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
-    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
-    with caplog.at_level(logging.WARNING, logger="inceptionlab"), pytest.raises(UserError, match="not downloadable"):
-        build_model("resnet18", 3, "imagenet")
-    assert "Downloading" not in capsys.readouterr().err
-    said = [r.getMessage() for r in caplog.records if "downloading" in r.getMessage()]
-    assert said and "resnet18-f37072fd.pth" in said[0] and str(tmp_path / "hub") in said[0]
 
 
 # --------------------------------------------------------------------------- ImageNet's rows by WordNet id
