@@ -34,9 +34,16 @@ def evaluate(
         help="Choose a reject threshold on the validation split: precision=P (the images answered at least P "
              "right) or coverage=C (answer at least a share C of images); below it predict and serve answer "
              "'unknown'. none removes it. Default: keep the saved target, re-chosen on the new calibration."),
+    unknown: Optional[str] = typer.Option(
+        None, "--unknown", metavar="TARGET",
+        help="Fit the unknown detector on the validation split: coverage=C (a share C of validation images lie "
+             "within its distance of the training images' features, k-th nearest neighbour); farther, predict "
+             "and serve answer 'unknown' (far from the training data). The training features are stored beside "
+             "model.pt. none removes it. Default: keep the saved target, refitted on the model as it is."),
     unknown_images: Optional[Path] = typer.Option(
         None, "--unknown-images", metavar="DIR",
-        help="Images of none of the classes (noise, another data set): report the share answered 'unknown'."),
+        help="Images of none of the classes (noise, another data set): report the share answered 'unknown', and "
+             "the kNN distance, energy and max softmax compared there (unknown share, AUROC, FPR95)."),
     keep_rule: bool = typer.Option(False, "--keep-rule", help="Fit nothing and change nothing: report the saved "
                                    "rule on this split (always so on other data and on any split but the run's "
                                    "validation split)."),
@@ -48,7 +55,8 @@ def evaluate(
     as_json: bool = options.json_option("one object with loss, top1, top5, per_class, per_class_samples, "
                                         "not_scored (a run's classes without images here), samples, "
                                         "files, calibration (temperature, ECE and NLL before/after, ECE by chance, "
-                                        "reject), tta, rule (as fitted or applied), tta_gain, outside_images, "
+                                        "reject), tta, rule (as fitted or applied, its knn detector), tta_gain, "
+                                        "outside_images (with scores: knn, energy, max_softmax), unknown_detector, "
                                         "rule_saved_to, note, skipped (unreadable files and why)"),
 ) -> None:
     """Score a model on a labelled image split, and calibrate it.
@@ -64,6 +72,8 @@ def evaluate(
       inceptionlab evaluate runs/inception_v3/tiny_imagenet/20261122-101500
 
       inceptionlab evaluate RUN_DIR --reject precision=0.95 --unknown-images other_photos/
+
+      inceptionlab evaluate RUN_DIR --unknown coverage=0.95 --unknown-images other_photos/
 
       inceptionlab evaluate RUN_DIR --tta flip          # measure (and adopt) flip test-time augmentation
 
@@ -91,20 +101,24 @@ def evaluate(
         fits = plan.validation and not keep_rule
         check_before_scoring(plan.spec.rule, fits=fits, why_not="--keep-rule" if plan.validation else
                              plan.why_not_validation(), reject=reject, tta=tta, unknown_images=unknown_images,
-                             where=str(run))
+                             where=str(run), unknown=unknown, input_kind=plan.spec.input_kind)
+        knn_target = _unknown_target(unknown, plan.spec.rule) if fits else None
         evaluation = score_run(plan, device=dev, batch_size=batch_size, num_workers=num_workers,
-                               tta=tta if fits else plan.spec.rule.under(tta, str(run)).tta, progress=progress)
+                               tta=tta if fits else plan.spec.rule.under(tta, str(run)).tta, progress=progress,
+                               features=knn_target is not None or (plan.spec.rule.knn is not None and not fits))
         out = out or run / "eval"
     else:
         if data is None:
             raise UserError("--model needs --data DIR: class folders named by ImageNet wnid or label")
         fits = not keep_rule
         check_before_scoring(_pretrained_rule(), fits=fits, why_not="--keep-rule", reject=reject, tta=tta,
-                             unknown_images=unknown_images, where=model)
+                             unknown_images=unknown_images, where=model, unknown=unknown, run=False)
+        plan, knn_target = None, None
         evaluation = evaluate_pretrained(model, weights or "imagenet", data, device=dev, batch_size=batch_size,
                                          num_workers=num_workers, tta=tta, progress=progress)
         out = out or Path("runs") / "evaluate" / model / time.strftime("%Y%m%d-%H%M%S")
-    evaluation, rule = _decision(evaluation, run, fits, target, reject, unknown_images, weights, dev, batch_size)
+    evaluation, rule = _decision(evaluation, run, fits, target, reject, unknown_images, weights, dev, batch_size,
+                                 plan=plan, knn_target=knn_target, num_workers=num_workers)
     paths = save_evaluation(evaluation, out)
     paths.update(save_calibration(rule, out))
     report = {**evaluation.report(), **rule.to_dict()}
@@ -129,6 +143,18 @@ def _reject_target(reject: Optional[str]) -> Any:
     return None if reject in (None, "none") else RejectTarget.parse(reject)
 
 
+def _unknown_target(unknown: Optional[str], saved: Any) -> Any:
+    """The kNN target to fit: --unknown's, else the saved rule's (refitted on the model as it is); None for
+    none, or where the rule never had one."""
+    from inceptionlab.judge.unknown import UnknownTarget  # start-up time: torch, as in evaluate()
+
+    if unknown == "none":
+        return None
+    if unknown is not None:
+        return UnknownTarget.parse(unknown)
+    return UnknownTarget.parse(saved.knn.target) if saved.knn is not None else None
+
+
 def _pretrained_rule() -> Any:
     from inceptionlab.models.rule import DecisionRule  # start-up time: torch, as in evaluate()
 
@@ -136,12 +162,15 @@ def _pretrained_rule() -> Any:
 
 
 def _decision(evaluation: Any, run: Optional[Path], fit: bool, target: Any, reject: Optional[str],
-              unknown_images: Optional[Path], weights: Optional[str], device: Any, batch_size: int) -> tuple[Any, Any]:
+              unknown_images: Optional[Path], weights: Optional[str], device: Any, batch_size: int, *,
+              plan: Any = None, knn_target: Any = None, num_workers: Optional[int] = None) -> tuple[Any, Any]:
     """Fit the rule on the run's validation split (saved with a run's model.pt), else apply the saved one;
     then try it on --unknown-images. Returns the evaluation as the rule saw it (without the TTA views
     when they were measured but not adopted: its files then describe the rule saved) and the report."""
     # start-up time: torch, as in evaluate()
-    from inceptionlab.judge.decision import RuleReport, adopted, decide, outside_images, save_rule, tta_gain
+    from inceptionlab.judge.decision import (
+        RuleReport, adopted, decide, fit_unknown, outside_images, save_rule, tta_gain,
+    )
     from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
     scores = evaluation.scores
@@ -151,13 +180,22 @@ def _decision(evaluation: Any, run: Optional[Path], fit: bool, target: Any, reje
         evaluation = evaluation.without_tta()
     calibration, rule = decide(chosen, evaluation.spec.rule, fit=fit, target=target, drop_threshold=reject == "none")
     report = RuleReport(calibration, rule, gain, note=note)
+    if knn_target is not None and run is not None and not weights:
+        knn, report.knn_line = fit_unknown(plan, chosen, knn_target, Path(run), device=device, batch_size=batch_size,
+                                           num_workers=num_workers)
+        rule = report.rule = dataclasses.replace(rule, knn=knn)
+    elif knn_target is not None:
+        note = "; ".join(filter(None, [note, "kNN detector not fitted: --weights scored other weights than the "
+                                       "run's model.pt"]))
+    if rule.rejects:  # the table's rows say which the rule answers unknown, and why
+        evaluation.answers = rule.decide(chosen.logits, chosen.features if rule.knn is not None else None)
     if unknown_images is not None:
         if run is not None:
             net, _ = load_run_model(run, Path(weights) if weights else None)
         else:
             net, _ = load_pretrained_model(evaluation.spec.arch, weights or "imagenet")
         report.outside = outside_images(net, dataclasses.replace(evaluation.spec, rule=rule), unknown_images, device,
-                                        batch_size)
+                                        batch_size, inside=chosen)
     if fit and run is not None and not weights:
         report.saved_to = save_rule(run, evaluation.spec, rule)
     elif fit and run is not None:
@@ -165,6 +203,8 @@ def _decision(evaluation: Any, run: Optional[Path], fit: bool, target: Any, reje
                                               "run's model.pt"]))
     elif run is not None:
         report.applied_from = Path(run) / "spec.json"
+    evaluation.unknown = {key: value for key, value in (("unknown_detector", rule.knn.to_dict() if rule.knn else None),
+                                                        ("outside_images", report.outside)) if value is not None}
     return evaluation, report
 
 

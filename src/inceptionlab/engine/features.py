@@ -48,6 +48,7 @@ from inceptionlab.data.splits import ArraySplit
 from inceptionlab.engine.loop import StepSettings
 from inceptionlab.engine.task import main_logits
 from inceptionlab.fileio import atomic_torch_save
+from inceptionlab.models.penultimate import captured
 from inceptionlab.runtime import autocast
 
 if TYPE_CHECKING:
@@ -118,35 +119,28 @@ def feature_key(parts: dict[str, Any], dataset: Any) -> str:
 @torch.inference_mode()
 def head_is_exact(model: nn.Module, head: nn.Module, example: torch.Tensor) -> bool:
     """True when `head` applied to what enters it gives `model`'s own (eval-mode) output for `example`."""
-    captured: list[torch.Tensor] = []
-    hook = head.register_forward_pre_hook(lambda module, args: captured.append(args[0].detach()))
     model.eval()
-    try:
+    with captured(head, flat=False) as taken:
         logits = main_logits(model(example)).float()
-    finally:
-        hook.remove()
-    if len(captured) != 1:
+    if len(taken) != 1:
         return False
-    again = head(captured[0]).float()
+    again = head(taken[0]).float()
     return again.shape == logits.shape and torch.allclose(again, logits, rtol=1e-4, atol=1e-5)
 
 
 @torch.inference_mode()
 def extract(model: nn.Module, head: nn.Module, loader: Any, prepare: Callable[[torch.Tensor], torch.Tensor],
             device: torch.device, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features, targets) of every batch of `loader`: what enters `head` in `model`'s eval forward."""
-    captured: list[torch.Tensor] = []
-    hook = head.register_forward_pre_hook(lambda module, args: captured.append(args[0].detach().float().cpu()))
+    """(features, targets) of every batch of `loader`: what enters `head` in `model`'s eval forward
+    (models/penultimate.py's hook, the one every reader of features uses)."""
     model.eval()
     targets = []
-    try:
+    with captured(head, to_cpu=True) as taken:
         for inputs, batch_targets in loader:
             with autocast(device, precision):
                 model(prepare(inputs.to(device, non_blocking=True)))
             targets.append(batch_targets.cpu())
-    finally:
-        hook.remove()
-    return torch.cat([c.reshape(c.shape[0], -1) for c in captured]), torch.cat(targets)
+    return (torch.cat(taken) if taken else torch.zeros(0, 0)), (torch.cat(targets) if targets else torch.zeros(0))
 
 
 def load_or_extract(key: str, folder: Path, compute: Callable[[], tuple[torch.Tensor, torch.Tensor]],

@@ -4,8 +4,9 @@ The model, its preprocessing and its decision rule come from one place: the run'
 pretrained weights' own metadata (for torchvision's Inception v3: resize 342, centre crop 299,
 bilinear, ImageNet mean/std; the guide resizes to 299, the weights were evaluated at 342 -> 299).
 The rule (models/rule.py) answers: its test-time augmentation's views averaged, probabilities at its
-temperature, "unknown" when the top one is below its threshold. Another `tta=` than a fitted rule's
-is refused.
+temperature, "unknown" when the top one is below its threshold or, with a kNN bank, when the image's
+penultimate features (models/penultimate.py, averaged over the same views) lie beyond its distance
+threshold. Another `tta=` than a fitted rule's is refused.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from inceptionlab.data.loading.sampler import default_num_workers
 from inceptionlab.engine.task import main_logits
 from inceptionlab.errors import UserError
 from inceptionlab.infer.tta import with_tta
+from inceptionlab.models.penultimate import WithFeatures, head_name
 from inceptionlab.models.rule import Answers
 from inceptionlab.models.spec import ModelSpec, Normalize
 
@@ -47,19 +49,42 @@ class Predictor:
         self.rule = self.spec.rule.under(self.tta, self.where)
         self.tta = self.rule.tta
         self.model = self.model.to(self.device).eval()
-        self.runner = with_tta(self.model, self.tta)  # self.model stays the plain network (Grad-CAM reads it)
+        # self.model stays the plain network (Grad-CAM reads it); a rule with a kNN bank reads the features too
+        self.feature_dim = self.rule.knn.dim if self.rule.knn is not None else 0
+        net = WithFeatures(self.model, head_name(self.model, self.spec.num_classes)) if self.feature_dim else self.model
+        self.runner = with_tta(net, self.tta)
         self.transform = self.spec.eval_transform()
         self.normalize: Normalize = self.spec.normalizer().to(self.device)
         self._decoders: ThreadPoolExecutor | None = None
 
     @torch.inference_mode()
+    def outputs(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """uint8 NCHW batch (already resized and cropped) -> float32 logits on the CPU, averaged over the rule's
+        views, and the penultimate features (None unless the rule has a kNN bank)."""
+        out = main_logits(self.runner(self.normalize(batch.to(self.device)))).float().cpu()
+        return WithFeatures.split(out, self.feature_dim) if self.feature_dim else (out, None)
+
     def logits(self, batch: torch.Tensor) -> torch.Tensor:
-        """uint8 NCHW batch (already resized and cropped) -> float32 logits on the CPU, averaged over the rule's views."""
-        return main_logits(self.runner(self.normalize(batch.to(self.device)))).float().cpu()
+        return self.outputs(batch)[0]
 
     def answers(self, batch: torch.Tensor) -> Answers:
-        """The rule's answers for a uint8 NCHW batch: classes, calibrated probabilities, unknown."""
-        return self.rule.decide(self.logits(batch))
+        """The rule's answers for a uint8 NCHW batch: classes, calibrated probabilities, unknown and why."""
+        return self.rule.decide(*self.outputs(batch))
+
+    def score_files(self, files: list[Path], batch_size: int = 16) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """(logits, features or None, images read) of the readable files: what evaluate compares the unknown
+        scores on (unreadable files are left out)."""
+        logits, features = [], []
+        for start in range(0, len(files), batch_size):
+            images = [torch.as_tensor(x) for x in self._load_all(files[start:start + batch_size]) if not isinstance(x, str)]
+            if images:
+                out, feats = self.outputs(torch.stack(images))
+                logits.append(out.numpy())
+                if feats is not None:
+                    features.append(feats.numpy())
+        if not logits:
+            return np.zeros((0, 0)), None, 0
+        return np.concatenate(logits), (np.concatenate(features) if features else None), sum(map(len, logits))
 
     def topk(self, probs: np.ndarray, k: int) -> list[dict[str, Any]]:
         """[{"label", "index", "prob"}] of one image's calibrated probabilities, most probable first (ties

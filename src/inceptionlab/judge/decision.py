@@ -29,8 +29,12 @@ from inceptionlab.infer.text import refresh_text_export
 from inceptionlab.judge.calibrate import (
     Calibration, RejectTarget, calibrate, calibration_error, nll, per_image_nll, top1,
 )
-from inceptionlab.judge.evaluate import Scores
-from inceptionlab.models.rule import DecisionRule
+from inceptionlab.judge.evaluate import Scores, training_bank
+from inceptionlab.judge.unknown import (
+    FPR_COVERAGE, UnknownTarget, compare_scores, comparison_lines, fit_knn, knn_line, scores_of,
+)
+from inceptionlab.models.knn import FAR, KnnRule
+from inceptionlab.models.rule import UNSURE, DecisionRule
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.models.tta import views_of
 
@@ -47,6 +51,7 @@ class RuleReport:
     saved_to: Path | None = None
     note: str | None = None
     applied_from: Path | None = None  # the spec.json whose saved rule scored these images (nothing fitted)
+    knn_line: str | None = None  # the kNN detector as fitted here
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"calibration": self.calibration.summary(), "tta": self.rule.tta,
@@ -55,6 +60,8 @@ class RuleReport:
             out["tta_gain"] = self.tta_gain
         if self.outside is not None:
             out["outside_images"] = self.outside
+        if self.knn_line is not None:
+            out["unknown_detector"] = self.knn_line
         out["rule_saved_to"] = str(self.saved_to) if self.saved_to else None
         out["note"] = self.note
         return out
@@ -68,10 +75,16 @@ class RuleReport:
             lines.append(c.chance.line(c.after.ece))
         if c.threshold is not None:
             lines.append(c.threshold.describe())
+        if self.knn_line:
+            lines.append(self.knn_line)
         if self.outside is not None:
             o = self.outside
+            why = ", ".join(f"{n} {reason}" for reason, n in o.get("reasons", {}).items())
             lines.append(f"images of none of the classes ({o['folder']}): {o['unknown_share']:.1%} answered unknown "
-                         f"({o['unknown']}/{o['images']}), median score {o['median_score']:.3f}")
+                         f"({o['unknown']}/{o['images']}{': ' + why if why else ''}), median score "
+                         f"{o['median_score']:.3f}")
+            if "scores" in o:
+                lines.extend(comparison_lines(o["scores"], o["coverage"], o["images"]))
         if self.tta_gain is not None:
             g = self.tta_gain
             lines.append(f"test-time augmentation {g['tta']} ({g['views']} views): top-1 {g['top1_without']:.4f} -> "
@@ -89,13 +102,20 @@ class RuleReport:
 
 
 def check_before_scoring(rule: DecisionRule, *, fits: bool, why_not: str, reject: str | None, tta: str | None,
-                         unknown_images: Path | None, where: str) -> None:
+                         unknown_images: Path | None, where: str, unknown: str | None = None,
+                         input_kind: str = "image", run: bool = True) -> None:
     """What an evaluation may do with the rule, refused before any image is scored (one took 6 minutes to
     say --reject did not apply): --reject only where a rule is fitted, another --tta than a fitted rule's
     only where it is fitted anew, and --unknown-images a folder that exists."""
     if reject is not None and not fits:
         raise UserError(f"--reject chooses a threshold on the run's own validation split; this evaluation fits "
                         f"nothing ({why_not}): drop --reject, or score the validation split")
+    if unknown is not None and not fits:
+        raise UserError(f"--unknown fits the kNN detector on the run's own validation split; this evaluation fits "
+                        f"nothing ({why_not}): drop --unknown, or score the validation split")
+    if unknown not in (None, "none") and (not run or input_kind != "image"):
+        raise UserError("--unknown needs a run's training images for its feature bank: give a run directory of an "
+                        "image model" + ("" if run else " (a pretrained model has no training split here)"))
     if not fits:
         rule.under(tta, where)  # another mode than a fitted rule's means nothing here: refused with the fix
     if unknown_images is not None and not Path(unknown_images).exists():
@@ -172,22 +192,45 @@ def tta_gain(scores: Scores) -> dict[str, Any] | None:
             "ece_with": calibration_error(top1(scores.logits)[1], tta_pred == scores.targets).ece}
 
 
-def outside_images(model: torch.nn.Module, spec: ModelSpec, folder: Path, device: torch.device,
-                   batch_size: int) -> dict[str, Any]:
+def outside_images(model: torch.nn.Module, spec: ModelSpec, folder: Path, device: torch.device, batch_size: int,
+                   inside: Scores | None = None, coverage: float | None = None) -> dict[str, Any]:
     """How the rule (spec.rule) answers images of none of the model's classes (noise, another data set's
-    pictures): the share answered "unknown" is the rejection rate a user can expect on such inputs."""
+    pictures): the share answered "unknown" is the rejection rate a user can expect on such inputs, with
+    the reason of each. With the validation scores (`inside`), the kNN distance, the energy and the max
+    softmax are compared on them too, each thresholded for `coverage` of validation answered (default: the
+    kNN rule's target, else FPR95's 0.95), with AUROC and FPR95 (judge/unknown.py)."""
     files, errors = expand_image_paths([folder])
     if errors:
         raise UserError(f"--unknown-images {errors[0][0]}: {errors[0][1]}")
     predictor = Predictor(model, spec, device)
-    results = [r for r in predictor.predict_files(files, topk=1, batch_size=batch_size) if "error" not in r]
-    if not results:
+    logits, features, count = predictor.score_files(files, batch_size=batch_size)
+    if not count:
         raise UserError(f"--unknown-images {folder}: none of its images could be read")
-    unknown = sum(r["unknown"] for r in results)
-    scores = np.array([r["score"] for r in results])
-    return {"folder": str(folder), "images": len(results), "unknown": int(unknown),
-            "unknown_share": unknown / len(results), "median_score": float(np.median(scores)),
-            "threshold": spec.rule.threshold}
+    answers = predictor.rule.decide(logits, features)
+    unknown = int(answers.unknown.sum())
+    reasons = {why: sum(r == why for r in answers.reason) for why in (FAR, UNSURE)}
+    out = {"folder": str(folder), "images": count, "unknown": unknown, "unknown_share": unknown / count,
+           "median_score": float(np.median(answers.score)), "threshold": spec.rule.threshold,
+           "reasons": {why: n for why, n in reasons.items() if n}}
+    if inside is not None:
+        rule = predictor.rule
+        if coverage is None:
+            coverage = UnknownTarget.parse(rule.knn.target).coverage if rule.knn else FPR_COVERAGE
+        outside = scores_of(logits, features, rule)
+        out["coverage"] = coverage
+        out["scores"] = compare_scores(scores_of(inside.logits, inside.features, rule), outside, coverage)
+    return out
+
+
+def fit_unknown(plan: Any, scores: Scores, target: UnknownTarget, home: Path, *, device: torch.device,
+                batch_size: int, num_workers: int | None) -> tuple[KnnRule, str]:
+    """The kNN detector fitted on the validation features of `scores` against the run's training bank, and
+    the line evaluate prints of it."""
+    if scores.features is None:
+        raise RuntimeError("the validation pass kept no features for the kNN rule")
+    bank, layer = training_bank(plan, device=device, batch_size=batch_size, num_workers=num_workers)
+    knn = fit_knn(bank, scores.features, target, layer, home, len(plan.spec.class_names))
+    return knn, knn_line(knn, knn.distances(scores.features), bank)
 
 
 def save_rule(run_dir: Path, spec: ModelSpec, rule: DecisionRule) -> Path:

@@ -12,13 +12,14 @@ are held out (`held_out`: false when they hold images the model trained on).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -33,16 +34,20 @@ from inceptionlab.data.datasets.imagefolder import RobustImageFolder
 from inceptionlab.data.loading.loaders import make_loader
 from inceptionlab.data.io.image_files import images_under
 from inceptionlab.data.readers import READERS, WHOLE_FOLDER, read_eval_split
+from inceptionlab.engine.features import body_digest, extract
 from inceptionlab.engine.loop import StepSettings, evaluate
 from inceptionlab.engine.session import input_preparation
 from inceptionlab.engine.task import make_task
 from inceptionlab.errors import UserError
 from inceptionlab.fileio import atomic_write_json, sha256_file
+from inceptionlab.judge.unknown import bank_features
 from inceptionlab.judge.results import LogitsRecorder, as_two_class, check_aligned, sample_files, write_results
 from inceptionlab.infer.tta import TestTimeAugmented, with_tta
 from inceptionlab.metrics import write_confusion
 from inceptionlab.models.registry import RANDOM_WEIGHTS, imagenet_wnids, load_pretrained_model, load_run_model
+from inceptionlab.models.penultimate import captured, head_name, mean_over_views
 from inceptionlab.models.rule import FittedOn
+from inceptionlab.models.tta import views_of
 from inceptionlab.models.spec import ModelSpec
 
 
@@ -107,18 +112,27 @@ class Scores:
     plain_logits: Any = None  # float32 (N, C) without TTA; None when tta is none
     validation: bool = True  # the run's own validation split (a checkpoint is chosen by it): the one to fit a rule on
     fitted_on: FittedOn | None = None  # what a rule fitted on these scores is fitted on
+    features: Any = None  # float32 (N, D) penultimate features (averaged over the TTA views), when taken
+    plain_features: Any = None  # view 0's, with TTA
 
     @classmethod
-    def collect(cls, rows: PerImage, runner: torch.nn.Module, tta: str, validation: bool) -> "Scores":
+    def collect(cls, rows: PerImage, runner: torch.nn.Module, tta: str, validation: bool,
+                taken: list[torch.Tensor] | None = None) -> "Scores":
         plain = None
         if isinstance(runner, TestTimeAugmented) and runner.plain:
             plain = as_two_class(torch.cat(runner.plain)).cpu().numpy().astype("float32")
         fitted_on = FittedOn(str(rows.meta["split"]), int(len(rows.targets)), rows.meta.get("data"))
-        return cls(rows.logits, rows.targets, tta, plain, validation, fitted_on)
+        features = plain_features = None
+        if taken is not None:
+            views = views_of(tta)
+            features = mean_over_views(taken, views).cpu().numpy()
+            plain_features = torch.cat(taken[0::views]).cpu().numpy() if views > 1 and taken else None
+        return cls(rows.logits, rows.targets, tta, plain, validation, fitted_on, features, plain_features)
 
     def without_tta(self) -> "Scores":
         """The same pass's view 0 (the image itself), as if scored without test-time augmentation."""
-        return Scores(self.plain_logits, self.targets, "none", None, self.validation, self.fitted_on)
+        return Scores(self.plain_logits, self.targets, "none", None, self.validation, self.fitted_on,
+                      self.plain_features)
 
 
 @dataclass
@@ -131,6 +145,8 @@ class Evaluation:
     weights: str = ""  # the file scored (a run's), or the pretrained weights' name
     weights_note: str = ""  # what that file holds, for the first line
     names_unscored: bool = True  # a run's classes are all meant to be scored; a pretrained model's are not
+    answers: Any = None  # the decision rule's answers per row (models/rule.py Answers), once the rule is decided
+    unknown: dict[str, Any] | None = None  # eval.json's unknown detection: the kNN detector, the images of no class
 
     def not_scored(self) -> list[str]:
         """A run's classes with no image in the scored split (their accuracy is unknown); [] for a pretrained
@@ -264,8 +280,9 @@ def evaluate_run(run_dir: Path, data: Path | None, split: str | None, *, device:
 
 
 def score_run(plan: RunPlan, *, device: torch.device, batch_size: int, num_workers: int | None,
-              tta: str | None = None, progress: bool | None = False) -> Evaluation:
-    """Score the planned split with the run's model (under `tta`, else its rule's)."""
+              tta: str | None = None, progress: bool | None = False, features: bool = False) -> Evaluation:
+    """Score the planned split with the run's model (under `tta`, else its rule's); with `features`, keep
+    every image's penultimate features from the same pass (models/penultimate.py) for the kNN rule."""
     run, used, recipe = RunDir.open(plan.run_dir), plan.weights, plan.recipe
     model, spec = load_run_model(plan.run_dir, used)
     transform = spec.eval_transform() if spec.input_kind == "image" else None
@@ -276,8 +293,9 @@ def score_run(plan: RunPlan, *, device: torch.device, batch_size: int, num_worke
         dataset = TargetMap(dataset, mapping)  # type: ignore[assignment]
     runner, mode = _tta_runner(model, spec, tta)
     recorder = LogitsRecorder()
-    result = run_evaluation(runner, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
-                            recorder=recorder, progress=progress)
+    with _features_of(model, spec, features) as taken:
+        result = run_evaluation(runner, spec, dataset, device=device, batch_size=batch_size, num_workers=num_workers,
+                                recorder=recorder, progress=progress)
     present = [i for i, acc in enumerate(result["per_class"]) if acc is not None]
     # The file scored and its checksum: `compare` tells a table that no longer matches its run's weights.
     meta = {"weights_file": str(Path(used).absolute()), "weights_sha256": sha256_file(used),
@@ -287,8 +305,39 @@ def score_run(plan: RunPlan, *, device: torch.device, batch_size: int, num_worke
             "train_split": getattr(recipe.data, "train_split", "train"), "tta": mode}
     rows = PerImage.collect(recorder, dataset, result["skipped"], meta)
     rows.meta["held_out"] = not plan.with_training_images and not _any_trained_on(plan, rows.files)
-    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, plan.validation), str(used),
-                      _what_it_holds(run, used, spec, given=plan.weights_given))
+    return Evaluation(spec, result, present, rows, Scores.collect(rows, runner, mode, plan.validation, taken),
+                      str(used), _what_it_holds(run, used, spec, given=plan.weights_given))
+
+
+@contextlib.contextmanager
+def _features_of(model: nn.Module, spec: ModelSpec, wanted: bool) -> Iterator[list[torch.Tensor] | None]:
+    """The penultimate features the pass computes (None when not wanted)."""
+    if not wanted:
+        yield None
+        return
+    with captured(model.get_submodule(head_name(model, spec.num_classes))) as taken:
+        yield taken
+
+
+def training_bank(plan: RunPlan, *, device: torch.device, batch_size: int, num_workers: int | None) -> Any:
+    """The kNN bank of the run's training split (its eval view, the model's penultimate features), through
+    the feature cache (judge/unknown.py's `bank_features`)."""
+    model, spec = load_run_model(plan.run_dir, plan.weights)
+    model = model.to(device).eval()
+    layer = head_name(model, spec.num_classes)
+    transform = spec.eval_transform() if spec.input_kind == "image" else None
+    dataset = read_eval_split(plan.recipe.data, transform, plan.recipe.data.train_split)
+    parts = {"arch": spec.arch, "arch_kwargs": spec.arch_kwargs, "body": body_digest(model, layer),
+             "preprocessing": [spec.resize_size, spec.crop_size, spec.interpolation, spec.mean, spec.std,
+                               spec.channels], "precision": "fp32", "loader": "evaluate"}
+
+    def extract_all() -> tuple[torch.Tensor, torch.Tensor]:
+        loader = make_loader(dataset, batch_size=batch_size, train=False, seed=0, num_workers=num_workers,
+                             device=device)
+        return extract(model, model.get_submodule(layer), loader, input_preparation(spec, False, device), device,
+                       "fp32")
+
+    return bank_features(layer, dataset, parts, extract_all, list(spec.class_names)), layer
 
 
 def _any_trained_on(plan: RunPlan, files: list[str]) -> bool:
@@ -404,7 +453,8 @@ def save_evaluation(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / "eval.json", "confusion_csv": out_dir / "confusion.csv",
              "confusion_png": out_dir / "plots" / "confusion.png"}
-    atomic_write_json(paths["json"], {**evaluation.report(), "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    atomic_write_json(paths["json"], {**evaluation.report(), **(evaluation.unknown or {}),
+                                      "evaluated": time.strftime("%Y-%m-%dT%H:%M:%S")})
     write_confusion(paths["confusion_csv"], [evaluation.spec.labels[i] for i in present], confusion)
     plot_confusion(paths["confusion_csv"], paths["confusion_png"])
     if evaluation.per_image is not None:
@@ -417,7 +467,8 @@ def save_per_image(evaluation: Evaluation, out_dir: Path) -> dict[str, Path]:
     rows = evaluation.per_image
     assert rows is not None
     return write_results(out_dir, rows.logits, rows.targets, files=rows.files, samples=rows.samples,
-                         labels=evaluation.spec.labels, meta={**rows.meta, "class_names": evaluation.spec.class_names})
+                         labels=evaluation.spec.labels, meta={**rows.meta, "class_names": evaluation.spec.class_names},
+                         answers=evaluation.answers)
 
 
 

@@ -154,21 +154,37 @@ def table_rows(logits: np.ndarray, targets: np.ndarray, files: Sequence[str], sa
 
 def write_results(out_dir: Path, logits: np.ndarray, targets: np.ndarray, *, files: Sequence[str],
                   samples: Sequence[int], labels: Sequence[str], meta: dict[str, Any],
-                  topk: int = TOPK) -> dict[str, Path]:
-    """results.csv, logits.npy and results.json under out_dir (each written atomically)."""
+                  topk: int = TOPK, answers: Any = None) -> dict[str, Path]:
+    """results.csv, logits.npy and results.json under out_dir (each written atomically). With the decision
+    rule's `answers` (models/rule.py) of a rule that rejects, each row also says whether the rule answered
+    unknown and why (`unknown`, `reason`), and with a kNN bank its distance (`knn_distance`)."""
     if len(logits) != len(targets) or len(files) != len(targets) or len(samples) != len(targets):
         raise RuntimeError(f"results table out of step: {len(logits)} logits, {len(targets)} targets, "
                            f"{len(files)} files, {len(samples)} sample indices")
     paths = {"results_csv": out_dir / RESULTS_CSV, "logits": out_dir / LOGITS_NPY, "results_json": out_dir / RESULTS_JSON}
     k = min(topk, logits.shape[1]) if len(logits) else 0
     rows = table_rows(logits, targets, files, samples, labels, topk)
-    atomic_write_text(paths["results_csv"], _csv_text(COLUMNS + _topk_columns(k), rows))
+    extra = answer_columns(answers, len(targets))
+    if extra:
+        rows = ({**row, **{name: values[i] for name, values in extra.items()}} for i, row in enumerate(rows))
+    atomic_write_text(paths["results_csv"], _csv_text(COLUMNS + _topk_columns(k) + list(extra), rows))
     atomic_write(paths["logits"], lambda handle: np.save(handle, logits.astype(np.float32)))
     atomic_write_json(paths["results_json"], {
         "schema": SCHEMA_VERSION, "table": RESULTS_CSV, "logits": LOGITS_NPY, "rows": int(len(targets)),
         "topk": k, "labels": list(labels), **meta, "written": time.strftime("%Y-%m-%dT%H:%M:%S"),
     })
     return paths
+
+
+def answer_columns(answers: Any, count: int) -> dict[str, list[Any]]:
+    """The rule's columns of the table: none for a rule that never answers unknown."""
+    if answers is None or len(answers) != count:
+        return {}
+    columns: dict[str, list[Any]] = {"unknown": [int(u) for u in answers.unknown],
+                                     "reason": [r or "" for r in answers.reason]}
+    if answers.distance is not None:
+        columns["knn_distance"] = [round(float(d), DECIMALS) for d in answers.distance]
+    return columns
 
 
 def _csv_text(columns: list[str], rows: Iterator[dict[str, Any]]) -> str:
@@ -201,8 +217,8 @@ class Results:
         return torch.from_numpy(self.logits).double().div(temperature).softmax(dim=1).numpy()
 
 
-_INT_COLUMNS = {"row", "sample", "true_index", "pred_index", "correct"}
-_FLOAT_COLUMNS = {"loss", "p_true", "p_pred"}
+_INT_COLUMNS = {"row", "sample", "true_index", "pred_index", "correct", "unknown"}
+_FLOAT_COLUMNS = {"loss", "p_true", "p_pred", "knn_distance"}
 
 
 def _typed(row: dict[str, str]) -> dict[str, Any]:

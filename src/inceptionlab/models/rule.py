@@ -17,9 +17,10 @@ scores it separates (judge/calibrate.py `choose_threshold`), so the last bits of
 which differ with the batch it runs in, do not decide it either.
 
 `decide(logits, features=None)` answers a batch: the class, its calibrated probability, whether the
-answer is unknown and why. A second reject score (the distance of an image's features to the training
-data's) adds its reason there, and `rejects`/`needs_features` tell consumers what to pass, so they do
-not change when it comes.
+answer is unknown and why. The second reject score, the distance of an image's penultimate features to
+the training data's (`knn`: models/knn.py, fitted by `evaluate --unknown coverage=C`), adds its reason
+there (FAR, before UNSURE); `needs_features` tells a consumer to pass the features (models/penultimate.py),
+and `softmax_only()` is the rule a runtime without them answers by (an exported graph outputs logits).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from inceptionlab.errors import UserError
+from inceptionlab.models.knn import FAR, KnnRule
 from inceptionlab.models.tta import TTA_VIEWS
 
 UNKNOWN = "unknown"  # the answer when the rule rejects
@@ -88,7 +90,8 @@ class Answers:
     index: np.ndarray  # int64 (N,): the top class
     score: np.ndarray  # float64 (N,): its calibrated probability
     unknown: np.ndarray  # bool (N,)
-    reason: tuple[str | None, ...]  # why each unknown one is (UNSURE); None where answered
+    reason: tuple[str | None, ...]  # why each unknown one is (FAR, UNSURE); None where answered
+    distance: np.ndarray | None = None  # float64 (N,): the kNN distance, where the rule has a bank
 
     def __len__(self) -> int:
         return len(self.index)
@@ -97,8 +100,13 @@ class Answers:
         """One input's answer as predict --json and /v1/classify give it: the top label or "unknown", the
         calibrated top-1 probability as its score, and whether the rule rejected it."""
         unknown = bool(self.unknown[i])
-        return {"answer": UNKNOWN if unknown else labels[int(self.index[i])],
-                "score": round(float(self.score[i]), 6), "unknown": unknown}
+        row = {"answer": UNKNOWN if unknown else labels[int(self.index[i])],
+               "score": round(float(self.score[i]), 6), "unknown": unknown}
+        if unknown:
+            row["reason"] = self.reason[i]
+        if self.distance is not None:
+            row["knn_distance"] = round(float(self.distance[i]), 6)
+        return row
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ class DecisionRule:
     threshold: float | None = None  # calibrated top-1 probability below which the answer is "unknown"
     target: str | None = None  # what the threshold was chosen for on validation, e.g. "precision=0.95"
     fitted_on: FittedOn | None = None  # None: never fitted (T = 1, no threshold), or fitted before this was recorded
+    knn: KnnRule | None = None  # the unknown detector on the features (models/knn.py); None: softmax rule only
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
@@ -125,17 +134,26 @@ class DecisionRule:
     def fitted(self) -> bool:
         """Fitted by `evaluate`: its temperature and threshold mean something only under its own tta. A rule
         saved before `fitted_on` was recorded counts as fitted when it changed anything."""
-        return self.fitted_on is not None or self.temperature != 1.0 or self.threshold is not None
+        return (self.fitted_on is not None or self.temperature != 1.0 or self.threshold is not None
+                or self.knn is not None)
 
     @property
     def rejects(self) -> bool:
         """Whether any input can be answered "unknown" (serve's `unknown` output exists then)."""
-        return self.threshold is not None
+        return self.threshold is not None or self.knn is not None
 
     @property
     def needs_features(self) -> bool:
-        """Whether `decide` needs the inputs' features besides their logits (no reject score uses them yet)."""
-        return False
+        """Whether `decide` needs the inputs' penultimate features besides their logits (a kNN bank)."""
+        return self.knn is not None
+
+    def softmax_only(self) -> "DecisionRule":
+        """The rule without its kNN detector: what a runtime answers by that has the logits alone."""
+        return dataclasses.replace(self, knn=None)
+
+    def located(self, home: Any) -> "DecisionRule":
+        """The rule with its bank's file found in `home` (the run directory spec.json was read from)."""
+        return dataclasses.replace(self, knn=self.knn.located(home)) if self.knn else self
 
     def under(self, tta: str | None, where: str = "the model") -> "DecisionRule":
         """The rule a command applies when asked for `tta` (None: the rule's own). A rule never fitted takes
@@ -160,13 +178,21 @@ class DecisionRule:
 
     def decide(self, logits: Any, features: Any = None) -> Answers:
         """The answers for a batch of logits (averaged over the rule's views already: the caller runs the
-        model with them); `features` are for reject scores that read them (none yet)."""
+        model with them) and, for a rule with a kNN bank, the same inputs' penultimate features (averaged
+        over the same views). Far from the training data is said before unsure."""
         probs = self.probabilities(logits)
         index = probs.argmax(axis=1) if probs.size else np.zeros(0, np.int64)
         score = probs[np.arange(len(probs)), index]
-        unknown = ~answered(score, self.threshold)
-        reason = tuple(UNSURE if u else None for u in unknown)
-        return Answers(probs, index, score, unknown, reason)
+        unsure = ~answered(score, self.threshold)
+        distance, far = None, np.zeros(len(score), bool)
+        if self.knn is not None:
+            if features is None:
+                raise ValueError("this decision rule has a kNN bank: decide() needs the inputs' features "
+                                 "(or answer by rule.softmax_only())")
+            distance = self.knn.distances(features)
+            far = self.knn.far(distance)
+        reason = tuple(FAR if f else UNSURE if u else None for f, u in zip(far, unsure))
+        return Answers(probs, index, score, unsure | far, reason, distance)
 
     # ------------------------------------------------------------------ saying it
 
@@ -174,6 +200,8 @@ class DecisionRule:
         parts = [f"temperature {self.temperature:.4g}" if self.temperature != 1.0 else "uncalibrated (T = 1)"]
         if self.threshold is not None:
             parts.append(f"unknown below {self.threshold:.4f}" + (f" [{self.target}]" if self.target else ""))
+        if self.knn is not None:
+            parts.append(self.knn.describe())
         if self.tta != "none":
             parts.append(f"test-time augmentation {self.tta}")
         return ", ".join(parts)
@@ -187,15 +215,20 @@ class DecisionRule:
             rule += [("reject_threshold", repr(float(self.threshold))), ("reject_target", self.target or "")]
         if self.fitted_on is not None:
             rule.append(("rule_fitted_on", self.fitted_on.describe()))
+        if self.knn is not None:
+            rule.append(("unknown_far", WITHOUT_BANK))
         return rule
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["knn"] = self.knn.to_dict() if self.knn else None
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DecisionRule":
-        fitted = data.get("fitted_on")
-        return cls(**{**data, "fitted_on": FittedOn(**fitted) if fitted else None})
+        fitted, knn = data.get("fitted_on"), data.get("knn")
+        return cls(**{**data, "fitted_on": FittedOn(**fitted) if fitted else None,
+                      "knn": KnnRule(**knn) if knn else None})
 
     @classmethod
     def from_legacy(cls, data: dict[str, Any]) -> "DecisionRule":
@@ -203,5 +236,11 @@ class DecisionRule:
         return cls(tta=data.pop("tta", "none"), temperature=data.pop("temperature", 1.0),
                    threshold=data.pop("reject_threshold", None), target=data.pop("reject_target", None))
 
+
+# What an exported graph's runtime gets of a rule with a kNN bank (its metadata says it): the graph outputs
+# logits, not features, and the bank stays in the run directory.
+WITHOUT_BANK = ("not applied here: the kNN feature bank needs the model's features, which this graph does not "
+                "output; a runtime without the bank answers by the softmax rule only (temperature and threshold); "
+                "inceptionlab serve/predict on the run directory apply both")
 
 LEGACY_KEYS = ("tta", "temperature", "reject_threshold", "reject_target")

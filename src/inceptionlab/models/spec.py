@@ -105,7 +105,7 @@ class ModelSpec:
             raise UserError(f"this {self.arch} model takes {self.input_kind}, not images: cannot {what}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "rule": self.rule.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
@@ -122,11 +122,13 @@ class ModelSpec:
     @classmethod
     def load(cls, path: Path) -> "ModelSpec":
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
+            spec = cls.from_dict(json.loads(Path(path).read_text()))
         except FileNotFoundError:
             raise UserError(f"{path}: no spec.json: is this a run directory made by `inceptionlab train`?") from None
         except (json.JSONDecodeError, TypeError, ValueError) as exc:
             raise UserError(f"{path}: unreadable model spec ({exc}); re-create it by re-running the training") from None
+        spec.rule = spec.rule.located(Path(path).parent)  # a kNN bank lies beside spec.json
+        return spec
 
 
 # Channel conversion by the model's channel count: PIL's/torchvision's ITU-R 601 luma for one grey

@@ -1,0 +1,140 @@
+"""The kNN unknown detector (models/knn.py): its distance, its fit in evaluate, and the rule's answers with it
+in predict, serve and the results table; a run without a bank answers as before."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers.calibration_run import calibration_run
+
+from inceptionlab.judge.unknown import UnknownTarget, auroc, energy_score, fpr_at
+from inceptionlab.models.knn import FAR, KnnRule, kth_distance, normalised
+from inceptionlab.models.rule import UNSURE, DecisionRule
+from inceptionlab.models.spec import ModelSpec
+
+
+@pytest.fixture
+def run(tmp_path_factory, tmp_path):
+    return calibration_run(tmp_path_factory).copy(tmp_path)
+
+
+def evaluate_json(cli, *args):
+    result = cli("evaluate", *args, "--json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def spec_of(run) -> ModelSpec:
+    return ModelSpec.load(run.run_dir / "spec.json")
+
+
+# --------------------------------------------------------------------------- the score
+
+
+def brute_force_kth(queries: np.ndarray, bank: np.ndarray, k: int) -> np.ndarray:
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    b = bank / np.linalg.norm(bank, axis=1, keepdims=True)
+    distances = np.sqrt(((q[:, None, :] - b[None, :, :]) ** 2).sum(-1))
+    return np.sort(distances, axis=1)[:, k - 1]
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_kth_distance_matches_brute_force(k, monkeypatch):
+    rng = np.random.default_rng(k)
+    bank, queries = rng.normal(size=(40, 16)), rng.normal(size=(7, 16)) * 3
+    monkeypatch.setattr("inceptionlab.models.knn.QUERY_CHUNK", 3)  # several chunks of queries
+    got = kth_distance(queries, normalised(bank), k)
+    np.testing.assert_allclose(got, brute_force_kth(queries, bank, k), atol=1e-5)
+
+
+def test_auroc_and_fpr_match_sklearn():
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    inside, outside = rng.normal(1, 1, 200), rng.normal(0, 1, 150)
+    inside[:10] = outside[:10]  # ties count half
+    truth = np.r_[np.ones(200), np.zeros(150)]
+    assert auroc(inside, outside) == pytest.approx(metrics.roc_auc_score(truth, np.r_[inside, outside]), abs=1e-12)
+    # FPR95: the ROC curve's false-positive rate at the first threshold reaching 95% true positives
+    fpr, tpr, _ = metrics.roc_curve(truth, np.r_[inside, outside], drop_intermediate=False)
+    assert fpr_at(inside, outside) == pytest.approx(fpr[np.flatnonzero(tpr >= 0.95)[0]], abs=1e-12)
+
+
+def test_energy_is_logsumexp_of_the_logits():
+    logits = np.array([[1.0, 2.0, 3.0], [100.0, 0.0, 0.0]])
+    np.testing.assert_allclose(energy_score(logits), np.log(np.exp(logits).sum(1)))
+
+
+def test_unknown_target_is_a_coverage():
+    assert UnknownTarget.parse("coverage=95%").coverage == 0.95
+    with pytest.raises(Exception, match="coverage=C"):
+        UnknownTarget.parse("precision=0.9")
+
+
+def test_the_rule_says_far_before_unsure_and_keeps_its_bank_beside_spec_json(tmp_path):
+    from inceptionlab.models.knn import save_bank
+
+    bank = np.eye(4, 8)  # four training features, unit axes
+    knn = save_bank(bank, tmp_path, images=4, sampled="all", layer="fc", k=1, threshold=0.5, target="coverage=0.95")
+    rule = DecisionRule(threshold=0.9, knn=knn)
+    logits = np.array([[5.0, 0.0], [0.1, 0.0], [5.0, 0.0]])
+    features = np.array([np.eye(8)[0] * 3, np.eye(8)[1], np.eye(8)[7]])  # near, near (unsure), far
+    answers = rule.decide(logits, features)
+    assert answers.unknown.tolist() == [False, True, True]
+    assert answers.reason == (None, UNSURE, FAR)
+    assert answers.distance[0] == pytest.approx(0.0, abs=1e-6) and answers.distance[2] == pytest.approx(np.sqrt(2))
+    assert rule.softmax_only().decide(logits).unknown.tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="features"):
+        rule.decide(logits)
+    # spec.json round trip: the bank's description is saved, its home is where spec.json lies
+    back = DecisionRule.from_dict(json.loads(json.dumps(rule.to_dict())))
+    assert "home" not in rule.to_dict()["knn"] and back.knn.home is None
+    assert back.located(tmp_path).decide(logits, features).reason == answers.reason
+    assert isinstance(back.knn, KnnRule) and back.knn.bytes == 4 * 4 * 8
+
+
+# --------------------------------------------------------------------------- evaluate, predict
+
+
+def test_evaluate_fits_the_knn_rule_and_compares_the_scores(run, cli):
+    report = evaluate_json(cli, run.run_dir, "--unknown", "coverage=0.9", "--unknown-images", run.outside)
+    spec = spec_of(run)
+    knn = spec.rule.knn
+    assert knn is not None and knn.target == "coverage=0.9" and (run.run_dir / knn.file).is_file()
+    assert knn.rows == 30 and knn.images == 30 and knn.sampled == "all"  # 3 classes x 10 training squares
+    saved = json.loads((run.run_dir / "spec.json").read_text())["rule"]["knn"]
+    assert saved["threshold"] == pytest.approx(knn.threshold) and "home" not in saved
+    outside = report["outside_images"]
+    assert set(outside["scores"]) == {"knn", "energy", "max_softmax"}
+    for row in outside["scores"].values():
+        assert 0 <= row["fpr95"] <= 1 and 0 <= row["auroc"] <= 1
+    assert outside["scores"]["knn"]["auroc"] > 0.9
+    # the table says which rows the rule answers unknown and why
+    table = (run.run_dir / "eval" / "results.csv").read_text().splitlines()
+    assert table[0].endswith("unknown,reason,knn_distance")
+    eval_json = json.loads((run.run_dir / "eval" / "eval.json").read_text())
+    assert "knn" in eval_json["outside_images"]["scores"]
+
+
+def test_predict_answers_far_images_unknown_with_the_reason(run, cli):
+    evaluate_json(cli, run.run_dir, "--unknown", "coverage=0.9")
+    result = cli("predict", "--run", run.run_dir, run.outside, "--json")
+    assert result.code == 0, result.err
+    rows = [json.loads(line) for line in result.out.splitlines() if line.startswith("{")]
+    assert rows and all("knn_distance" in r for r in rows)
+    far = [r for r in rows if r.get("reason") == FAR]
+    assert len(far) >= len(rows) // 2 and all(r["answer"] == "unknown" for r in far)
+
+
+def test_a_run_without_a_bank_answers_as_before(run, cli):
+    before = cli("predict", "--run", run.run_dir, run.outside, "--json")
+    report = evaluate_json(cli, run.run_dir, "--unknown-images", run.outside)
+    assert spec_of(run).rule.knn is None and "knn" not in report["outside_images"]["scores"]
+    assert not (run.run_dir / "feature_bank.npy").exists()
+    assert "unknown_detector" not in report
+    after = cli("predict", "--run", run.run_dir, run.outside, "--json")
+    assert [json.loads(x)["answer"] for x in before.out.splitlines()] == \
+        [json.loads(x)["answer"] for x in after.out.splitlines()] or spec_of(run).rule.threshold is None
+    assert "knn_distance" not in after.out
