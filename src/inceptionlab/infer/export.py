@@ -32,6 +32,7 @@ from inceptionlab.infer.opsets import DEFAULT_OPSET, MIN_OPSET
 from inceptionlab.infer.parity import Parity, check_parity
 from inceptionlab.infer.sidecar import read_sidecar, sidecar_metadata, sidecar_path
 from inceptionlab.infer.source import ModelSource
+from inceptionlab.models.rule import WITHOUT_BANK
 
 
 @dataclass
@@ -88,8 +89,9 @@ def trace_to_onnx(model: nn.Module, input_shape: tuple[int, ...], opset: int, dy
 def _stamp(proto: Any, source: ModelSource) -> None:
     """Spec (with its decision rule: temperature, reject threshold) and weights checksum inside the ONNX
     file too: the graph describes itself anywhere, and the parity check reads the rule back from it."""
+    without_bank = (("inceptionlab.knn_detector", WITHOUT_BANK),) if source.spec.rule.knn else ()
     for key, value in ((SPEC_KEY, json.dumps(source.spec.to_dict())),
-                       ("inceptionlab.weights_sha256", source.weights_sha256)):
+                       ("inceptionlab.weights_sha256", source.weights_sha256), *without_bank):
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
 

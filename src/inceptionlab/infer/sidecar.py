@@ -17,6 +17,7 @@ from inceptionlab.host import package_versions
 from inceptionlab.infer.onnx_graph import INPUT_NAME, OUTPUT_NAME
 from inceptionlab.infer.parity import Parity
 from inceptionlab.infer.source import ModelSource
+from inceptionlab.models.rule import WITHOUT_BANK
 
 
 def sidecar_path(onnx_path: Path) -> Path:
@@ -42,6 +43,9 @@ def sidecar_metadata(source: ModelSource, path: Path, data: bytes, opset: int, d
         },
         "classes": spec.labels,
         "spec": spec.to_dict(),
+        # what a runtime of this file alone answers by: the softmax rule (a kNN bank needs the model's features)
+        "decision_rule": {"applied_by_the_export": spec.rule.softmax_only().describe(),
+                          **({"knn_detector": WITHOUT_BANK} if spec.rule.knn else {})},
         "source": {"label": source.label, "weights": source.weights, "weights_sha256": source.weights_sha256},
         "parity": parity.to_dict(),
         "versions": package_versions(),

@@ -35,6 +35,7 @@ from inceptionlab.fileio import atomic_write_text
 from inceptionlab.judge.explain import Explainer, overlay
 from inceptionlab.judge.label_errors import held_out, likely_label_errors
 from inceptionlab.judge.results import Results
+from inceptionlab.models.knn import FAR
 from inceptionlab.models.registry import load_pretrained_model, load_run_model
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,30 @@ def summarize(results: Results, settings: ReportSettings, issues: list[dict[str,
         "most_confused": most_confused(results, matrix, settings.pairs),
         "top_losses": [_row_brief(results, i) for i in by_loss[: settings.top_losses]],
         "label_issues": issues,
+        "unknown": answered_unknown(results, settings.misclassified),
     }
+
+
+def answered_unknown(results: Results, limit: int) -> dict[str, Any] | None:
+    """The images the decision rule answered "unknown" and why (the table's `unknown` and `reason` columns,
+    written by evaluate through the rule: models/rule.py), farthest from the training data first, then the
+    least sure; None when the table has no such columns (a rule that never answers unknown)."""
+    rows = results.rows
+    if not rows or "unknown" not in rows[0]:
+        return None
+    chosen = [i for i, r in enumerate(rows) if r["unknown"]]
+    chosen.sort(key=lambda i: (-rows[i].get("knn_distance", 0.0) if rows[i]["reason"] == FAR else 0.0, rows[i]["p_pred"]))
+    reasons: dict[str, int] = {}
+    for i in chosen:
+        reasons[rows[i]["reason"]] = reasons.get(rows[i]["reason"], 0) + 1
+    return {"total": len(chosen), "reasons": reasons, "rows": chosen[:limit],
+            "reason_of": [_reason_text(rows[i]) for i in chosen[:limit]]}
+
+
+def _reason_text(row: dict[str, Any]) -> str:
+    if row["reason"] == FAR and "knn_distance" in row:
+        return f"{FAR} (kNN distance {row['knn_distance']:.3f})"
+    return f"{row['reason']} (p {row['p_pred']:.3f})"
 
 
 # --- pictures ---------------------------------------------------------------------------------------------
@@ -255,7 +279,8 @@ def page_data(results: Results, settings: ReportSettings, summary: dict[str, Any
     top = by_loss[: settings.top_losses]
     gallery = wrong[: settings.misclassified]
     issue_rows = [issue["row"] for issue in (issues or [])]
-    wanted = list(dict.fromkeys([*top, *gallery, *[i for v in cells.values() for i in v], *issue_rows]))
+    unknown_rows = (summary.get("unknown") or {}).get("rows", [])
+    wanted = list(dict.fromkeys([*top, *gallery, *[i for v in cells.values() for i in v], *issue_rows, *unknown_rows]))
     items = {i: _item(results, i, images) for i in wanted}
     _add_cams(items, rows, [i for i in wrong if items.get(i, {}).get("thumb")][: settings.cam], cams, notes)
     if len(wrong) > len(gallery):
@@ -268,7 +293,7 @@ def page_data(results: Results, settings: ReportSettings, summary: dict[str, Any
         "labels": results.labels, "per_class": summary["per_class"], "pairs": summary["most_confused"],
         "matrix": _matrix(results, matrix, shown), "cells": cells, "items": items,
         "top_losses": top, "misclassified": gallery, "misclassified_total": len(wrong),
-        "label_issues": issues, "notes": notes, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "label_issues": issues, "unknown": summary.get("unknown"), "notes": notes, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
 
 

@@ -33,6 +33,7 @@ from inceptionlab.fileio import atomic_write
 from inceptionlab.infer.tta import with_tta
 from inceptionlab.judge.results import as_two_class
 from inceptionlab.models.registry import cam_layer
+from inceptionlab.models.penultimate import WithFeatures, head_name
 from inceptionlab.models.rule import Answers, DecisionRule
 from inceptionlab.models.spec import ModelSpec
 
@@ -68,7 +69,10 @@ class Explainer:
             raise UserError(f"{self.spec.arch}: no Grad-CAM: it classifies {self.spec.input_kind}, not images")
         self.model = self.model.to(self.device).eval()
         self.rule = self.rule or self.spec.rule
-        self.runner = with_tta(self.model, self.rule.tta)
+        # a rule with a kNN bank reads the penultimate features beside the logits (models/penultimate.py)
+        self.feature_dim = self.rule.knn.dim if self.rule.knn is not None else 0
+        net = WithFeatures(self.model, head_name(self.model, self.spec.num_classes)) if self.feature_dim else self.model
+        self.runner = with_tta(net, self.rule.tta)
         self.layer = self.layer or cam_layer(self.spec.arch, self.model, self.spec.input_shape)
         self.normalize = self.spec.normalizer().to(self.device)
         self.transform = self.spec.eval_transform()
@@ -82,7 +86,8 @@ class Explainer:
     def answers(self, batch: torch.Tensor) -> Answers:
         """The decision rule's answers for a uint8 NCHW batch (its views averaged, its temperature and threshold:
         what predict and /v1/classify answer); Grad-CAM then explains one class of the plain image."""
-        return self.rule.decide(main_logits(self.runner(self.normalize(batch.to(self.device)))).float().cpu())
+        out = main_logits(self.runner(self.normalize(batch.to(self.device)))).float().cpu()
+        return self.rule.decide(*WithFeatures.split(out, self.feature_dim)) if self.feature_dim else self.rule.decide(out)
 
     def raw_maps(self, batch: torch.Tensor, classes: Sequence[int]) -> torch.Tensor:
         """Grad-CAM at the layer's resolution, (N, h, w), ReLU applied, unscaled."""

@@ -98,13 +98,13 @@ class Answers:
 
     def row(self, i: int, labels: Sequence[str]) -> dict[str, Any]:
         """One input's answer as predict --json and /v1/classify give it: the top label or "unknown", the
-        calibrated top-1 probability as its score, and whether the rule rejected it."""
+        calibrated top-1 probability as its score, and whether the rule rejected it; under a rule with a kNN
+        bank also why (`reason`: FAR, UNSURE or None) and the distance (a rule without one answers as before)."""
         unknown = bool(self.unknown[i])
         row = {"answer": UNKNOWN if unknown else labels[int(self.index[i])],
                "score": round(float(self.score[i]), 6), "unknown": unknown}
-        if unknown:
+        if self.distance is not None:  # a rule with a kNN bank: why an answer is unknown, and the distance
             row["reason"] = self.reason[i]
-        if self.distance is not None:
             row["knn_distance"] = round(float(self.distance[i]), 6)
         return row
 
@@ -216,7 +216,9 @@ class DecisionRule:
         if self.fitted_on is not None:
             rule.append(("rule_fitted_on", self.fitted_on.describe()))
         if self.knn is not None:
-            rule.append(("unknown_far", WITHOUT_BANK))
+            rule += [("knn_threshold", repr(float(self.knn.threshold))), ("knn_k", str(self.knn.k)),
+                     ("knn_target", self.knn.target), ("knn_bank", f"{self.knn.file} ({self.knn.rows} x {self.knn.dim})"),
+                     ("knn_without_bank", WITHOUT_BANK)]
         return rule
 
     def to_dict(self) -> dict[str, Any]:
@@ -239,8 +241,8 @@ class DecisionRule:
 
 # What an exported graph's runtime gets of a rule with a kNN bank (its metadata says it): the graph outputs
 # logits, not features, and the bank stays in the run directory.
-WITHOUT_BANK = ("not applied here: the kNN feature bank needs the model's features, which this graph does not "
-                "output; a runtime without the bank answers by the softmax rule only (temperature and threshold); "
-                "inceptionlab serve/predict on the run directory apply both")
+WITHOUT_BANK = ("the kNN detector needs the model's penultimate features and the bank file, which an exported graph "
+                "(ONNX, Triton) does not carry: a runtime of the export answers by the softmax rule only (temperature "
+                "and reject threshold); inceptionlab predict and serve on the run directory apply both")
 
 LEGACY_KEYS = ("tta", "temperature", "reject_threshold", "reject_target")

@@ -60,6 +60,7 @@ from inceptionlab.infer.source import load_source
 from inceptionlab.infer.speed import decide_inference
 from inceptionlab.infer.triton import model_name
 from inceptionlab.models.registry import load_run_model
+from inceptionlab.models.penultimate import WithFeatures, head_name
 from inceptionlab.models.rule import DecisionRule
 from inceptionlab.models.spec import ModelSpec
 from inceptionlab.queueing import BatchRule
@@ -73,6 +74,9 @@ from inceptionlab.serve.protocol import (
 )
 
 BACKENDS = ("auto", "openvino", "onnxruntime", "compile", "eager")
+# The backends that run the PyTorch model itself, so its penultimate features can come out beside the
+# logits (a rule with a kNN bank needs them); the others run an exported graph of logits.
+FEATURE_BACKENDS = ("eager", "compile")
 # An image model declares two inputs, and a request gives exactly one of them: `images`, the
 # tensor the exported ONNX model and its Triton repository take (FP32 normalised, or UINT8 pixels
 # resized and cropped), and `image_bytes`, encoded files (JPEG, PNG, ...) that the server decodes
@@ -88,6 +92,9 @@ OUTPUTS = ("probabilities", "logits")
 # [N, 1], true where the rule answers "unknown". `probabilities` are the rule's calibrated ones (softmax of
 # logits / its temperature); `logits` are the model's own (averaged over the rule's TTA views, if any).
 UNKNOWN_OUTPUT = "unknown"
+# A rule with a kNN bank also answers each input's distance to its k-th nearest training feature: FP32
+# [N, 1]; above the rule's `knn_threshold` (its parameters) the answer is unknown, far from the training data.
+KNN_OUTPUT = "knn_distance"
 # Uploads above this many pixels are refused before decoding: a 40 Mpx RGB image is 120 MB decoded,
 # 12x a 12 Mpx phone photo; JPEGs are drafted down anyway, PNG/TIFF "bombs" would be decoded in full.
 MAX_UPLOAD_PIXELS = 40_000_000
@@ -166,6 +173,9 @@ class ServedModel:
     max_request: int | None = None
     auto_limit: bool = False  # max_request is --max-batch auto's, not a --max-batch the user set
     batch_rule: BatchRule | None = None  # when a batch goes (queueing.py); None: wait max_delay_ms for a full one
+    # Columns of penultimate features after the logits in the engine's output (models/penultimate.py
+    # WithFeatures), for a rule with a kNN bank; 0: the engine outputs logits alone.
+    feature_dim: int = 0
 
     def __post_init__(self) -> None:
         self.max_request = max(self.max_request or 0, self.max_batch)
@@ -196,7 +206,7 @@ class ServedModel:
     @property
     def outputs(self) -> tuple[str, ...]:
         """The outputs a request may ask for (all of them when it names none)."""
-        return OUTPUTS + ((UNKNOWN_OUTPUT,) if self.rule.rejects else ())
+        return OUTPUTS + ((UNKNOWN_OUTPUT,) if self.rule.rejects else ()) + ((KNN_OUTPUT,) if self.rule.knn else ())
 
     def describe(self) -> str:
         rule = self.rule.describe() if self.rule.fitted or self.tta != "none" else None
@@ -222,6 +232,8 @@ class ServedModel:
                    {"name": "logits", "datatype": "FP32", "shape": [-1, -1]}]
         if UNKNOWN_OUTPUT in self.outputs:
             outputs.append({"name": UNKNOWN_OUTPUT, "datatype": "BOOL", "shape": [-1, 1]})
+        if KNN_OUTPUT in self.outputs:
+            outputs.append({"name": KNN_OUTPUT, "datatype": "FP32", "shape": [-1, 1]})
         return {"name": self.name, "versions": ["1"], "platform": f"inceptionlab_{self.backend}",
                 "inputs": self.declared_inputs(), "outputs": outputs}
 
@@ -293,8 +305,9 @@ class ServedModel:
     def run(self, instance: int, items: Sequence[np.ndarray]) -> list[dict[str, Any]]:
         """One batch of requests -> per request {"logits", "probabilities"} (+ "unknown" when the rule rejects),
         the outputs a request may name, and "answers": the rule's answer per item, as /v1/classify gives it."""
-        logits = self._logits(self.engines[instance], self._batch_input(items))
-        answers = self.rule.decide(logits)
+        output = self._logits(self.engines[instance], self._batch_input(items))
+        logits, features = WithFeatures.split(output, self.feature_dim) if self.feature_dim else (output, None)
+        answers = self.rule.decide(logits, features)
         probs = answers.probabilities.astype(np.float32)
         unknown = answers.unknown.reshape(-1, 1)
         out, start = [], 0
@@ -304,6 +317,8 @@ class ServedModel:
                       "answers": [answers.row(i, self.spec.labels) for i in range(start, end)]}
             if UNKNOWN_OUTPUT in self.outputs:
                 answer[UNKNOWN_OUTPUT] = unknown[start:end]
+            if answers.distance is not None:
+                answer[KNN_OUTPUT] = answers.distance[start:end].astype(np.float32).reshape(-1, 1)
             out.append(answer)
             start = end
         return out
@@ -390,6 +405,8 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
     decision = decide_plan(opener, settings)
     buckets = batch_buckets(decision.plan.max_batch)
     rule = served_rule(settings.tta, opener.spec, run_dir or model)
+    if rule.needs_features and not opener.feature_dim:
+        rule = rule.softmax_only()
     engines = [opener.engine(buckets, decision.threads) for _ in range(decision.plan.instances)]
     # The architecture's name where none is given, as Triton's repository would name it: timm/<name> has a '/'
     # that no /v2/models/{name} route can carry.
@@ -397,7 +414,8 @@ def load_served_model(settings: ModelLoadSettings, run_dir: Path | None = None, 
                          next(iter(engines[0].sessions.values())).provider, engines, buckets[-1], opener.vectorizer,
                          opener.agreement, batching=decision.line(), max_delay_ms=decision.max_delay_ms, rule=rule,
                          max_request=settings.max_batch or hardware.AUTO_MAX_BATCH,
-                         auto_limit=settings.max_batch is None, batch_rule=decision.rule)
+                         auto_limit=settings.max_batch is None, batch_rule=decision.rule,
+                         feature_dim=opener.feature_dim)
     started = time.perf_counter()
     warm_up(served)
     served.warmup_s = time.perf_counter() - started
@@ -427,6 +445,7 @@ class EngineOpener:
     input_dtype: Any = np.float32
     vectorizer: Any = None
     agreement: str | None = None
+    feature_dim: int = 0  # penultimate features after the logits in each output (a rule with a kNN bank)
 
     def engine(self, buckets: list[int], threads: int | None) -> Engine:
         if self.dynamic_shapes:
@@ -557,7 +576,16 @@ def _text_opener(settings: ModelLoadSettings, run_dir: Path) -> EngineOpener:
 def _image_opener(settings: ModelLoadSettings, run_dir: Path | None, model: str | None) -> EngineOpener:
     """Backend and precision for an image model: the probe's candidates, each checked by the agreement rule."""
     source = load_source(run_dir=run_dir, model=model, weights=settings.weights, out=settings.exports)
+    knn = source.spec.rule.knn
     backend = auto_backend(settings.device, "image") if settings.backend == "auto" else settings.backend
+    if knn is not None and backend not in FEATURE_BACKENDS:
+        if settings.backend == "auto":
+            settings.log(f"{source.label}: eager PyTorch, not {backend}: the decision rule's kNN detector reads the "
+                         "model's penultimate features, which the exported graph does not output")
+            backend = "eager"
+        else:
+            settings.log(f"{source.label}: --backend {backend} runs the exported graph, which outputs logits only: "
+                         "answers by the softmax rule alone, without the kNN detector (--backend eager applies it)")
     runtime = get_runtime(backend)
     runtime.require()
     artifacts = Artifacts(source, log=settings.log)
@@ -583,6 +611,9 @@ def _image_opener(settings: ModelLoadSettings, run_dir: Path | None, model: str 
                                 "or pass --calib-images with more real images")
             settings.log(f"warning: {source.label}: {precision} as asked, but {verdict.reason}")
         opener.agreement = verdict.reason if verdict else None
+        if knn is not None and backend in FEATURE_BACKENDS:  # after the agreement check, which compares logits
+            source.model = WithFeatures(source.model, head_name(source.model, source.spec.num_classes)).eval()
+            opener.feature_dim = knn.dim
         return opener
     raise UserError(f"{source.label}: no usable precision on {backend} (see the lines above)")
 
