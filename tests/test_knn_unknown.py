@@ -138,3 +138,115 @@ def test_a_run_without_a_bank_answers_as_before(run, cli):
     assert [json.loads(x)["answer"] for x in before.out.splitlines()] == \
         [json.loads(x)["answer"] for x in after.out.splitlines()] or spec_of(run).rule.threshold is None
     assert "knn_distance" not in after.out
+
+
+# --------------------------------------------------------------------------- combinations
+
+
+@pytest.fixture
+def knn_run(run, cli):
+    """The run with a softmax threshold and a kNN detector fitted together."""
+    evaluate_json(cli, run.run_dir, "--reject", "precision=0.9", "--unknown", "coverage=0.9")
+    return run
+
+
+def test_serve_http_answers_like_predict_with_the_reason_and_distance(knn_run):
+    from fastapi.testclient import TestClient
+    from serve_helpers import serve_model
+
+    from inceptionlab.infer.predict import Predictor
+    from inceptionlab.models.registry import load_run_model
+    from inceptionlab.serve.app import create_app
+
+    run = knn_run
+    spec = spec_of(run)
+    files = [run.outside / "noise_0.png", run.outside / "grey_3.png", run.data / "val" / "fox" / "fox_1.png"]
+    net, _ = load_run_model(run.run_dir)
+    expected = list(Predictor(net, spec, torch.device("cpu")).predict_files(files, topk=3))
+    model = serve_model(run.run_dir)
+    with TestClient(create_app([model])) as client:
+        meta = client.get("/v2/models/tiny").json()
+        assert {"name": "knn_distance", "datatype": "FP32", "shape": [-1, 1]} in meta["outputs"]
+        params = client.get("/v2/models/tiny/config").json()["parameters"]
+        assert float(params["knn_threshold"]["string_value"]) == spec.rule.knn.threshold
+        classified = client.post("/v1/classify", files=[("files", (f.name, f.read_bytes())) for f in files]).json()
+        got = [(r["answer"], r["reason"], r["knn_distance"]) for r in classified["results"]]
+        assert got == [(e["answer"], e["reason"], pytest.approx(e["knn_distance"], abs=1e-4)) for e in expected]
+        body = {"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [3, 1],
+                            "data": [{"b64": __import__("base64").b64encode(f.read_bytes()).decode()} for f in files]}]}
+        outputs = {o["name"]: o for o in client.post("/v2/models/tiny/infer", json=body).json()["outputs"]}
+        assert outputs["unknown"]["data"] == [e["unknown"] for e in expected]
+        assert outputs["knn_distance"]["data"] == pytest.approx([e["knn_distance"] for e in expected], abs=1e-4)
+    assert any(e["reason"] == FAR for e in expected)
+
+
+def test_serve_on_an_exported_graph_answers_by_the_softmax_rule(knn_run):
+    pytest.importorskip("onnxruntime")
+    from serve_helpers import serve_model
+
+    model = serve_model(knn_run.run_dir, backend="onnxruntime")
+    assert model.feature_dim == 0 and model.rule.knn is None and model.rule.threshold == spec_of(knn_run).rule.threshold
+    assert "knn_distance" not in model.outputs
+
+
+def test_knn_rule_under_tta_averages_the_views_features(run, cli):
+    from inceptionlab.infer.predict import Predictor
+    from inceptionlab.models.registry import load_run_model
+    from inceptionlab.models.tta import iter_views
+
+    report = evaluate_json(cli, run.run_dir, "--tta", "flip", "--unknown", "coverage=0.9")
+    spec = spec_of(run)
+    assert spec.rule.knn is not None and spec.rule.tta == report["rule"]["tta"]
+    net, _ = load_run_model(run.run_dir)
+    predictor = Predictor(net, spec, torch.device("cpu"), tta=spec.rule.tta)
+    files = [run.outside / "noise_1.png", run.data / "val" / "dog" / "dog_1.png"]
+    rows = list(predictor.predict_files(files))
+    # by hand: the features of each view, averaged, against the bank
+    batch = torch.stack([predictor._load(f) for f in files])
+    from inceptionlab.models.penultimate import captured, head_name
+
+    with torch.no_grad(), captured(net.get_submodule(head_name(net, 3))) as taken:
+        for view in iter_views(predictor.normalize(batch), spec.rule.tta):
+            net(view)
+    want = spec.rule.knn.distances(torch.stack(taken).mean(0))
+    assert [r["knn_distance"] for r in rows] == pytest.approx(want.tolist(), abs=1e-5)
+    if spec.rule.tta != "none":  # the fitted rule refuses another mode, the kNN rule with it
+        with pytest.raises(Exception, match="--tta"):
+            Predictor(net, spec, torch.device("cpu"), tta="none")
+
+
+def test_knn_combines_with_temperature_and_reject_threshold(knn_run, cli):
+    spec = spec_of(knn_run)
+    rule = spec.rule
+    assert rule.threshold is not None and rule.temperature != 1.0 and rule.knn is not None
+    # refitting without options keeps both targets; --unknown none drops the detector alone
+    evaluate_json(cli, knn_run.run_dir)
+    again = spec_of(knn_run).rule
+    assert again.target == rule.target and again.knn.target == rule.knn.target
+    evaluate_json(cli, knn_run.run_dir, "--unknown", "none")
+    dropped = spec_of(knn_run).rule
+    assert dropped.knn is None and dropped.target == rule.target
+    # each reason comes from its own score: unsure images are within the distance, far ones beyond it
+    table = [line.split(",") for line in (knn_run.run_dir / "eval" / "results.csv").read_text().splitlines()]
+    assert "knn_distance" not in table[0]
+
+
+def test_unknown_is_refused_where_nothing_is_fitted(run, cli):
+    result = cli("evaluate", run.run_dir, "--split", "train", "--unknown", "coverage=0.9")
+    assert result.code != 0 and "--unknown" in result.err and "validation" in result.err
+
+
+def test_the_error_report_lists_the_images_answered_unknown_with_the_reason(knn_run, cli):
+    from inceptionlab.judge.error_report import ReportSettings, summarize
+    from inceptionlab.judge.results import read_results
+
+    results = read_results(knn_run.run_dir)
+    summary = summarize(results, ReportSettings(), None)
+    unknown = summary["unknown"]
+    flagged = [r for r in results.rows if r["unknown"]]
+    assert unknown["total"] == len(flagged) and sum(unknown["reasons"].values()) == len(flagged)
+    assert set(unknown["reasons"]) <= {FAR, UNSURE}
+    result = cli("report", knn_run.run_dir)
+    assert result.code == 0, result.err
+    page = (knn_run.run_dir / "eval" / "report.html").read_text()
+    assert 'id="unknown"' in page and '"unknown": {"total"' in page.replace('"unknown":{"total"', '"unknown": {"total"')

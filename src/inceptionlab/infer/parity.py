@@ -99,7 +99,8 @@ def compare_decisions(reference: np.ndarray, candidate: np.ndarray, spec: ModelS
     if theirs_rule != rule:
         out["problem"] = f"the file's decision rule is {theirs_rule.describe()}; the model's {rule.describe()}"
         return out
-    ours, theirs = rule.decide(reference), theirs_rule.decide(candidate)
+    # the graph outputs logits: its runtime answers by the softmax rule (a kNN bank needs features)
+    ours, theirs = rule.softmax_only().decide(reference), theirs_rule.softmax_only().decide(candidate)
     error = float(np.abs(ours.probabilities - theirs.probabilities).max()) if len(ours) else 0.0
     agree = (ours.unknown == theirs.unknown)
     if rule.threshold is not None:
