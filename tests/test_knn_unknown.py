@@ -250,3 +250,22 @@ def test_the_error_report_lists_the_images_answered_unknown_with_the_reason(knn_
     assert result.code == 0, result.err
     page = (knn_run.run_dir / "eval" / "report.html").read_text()
     assert 'id="unknown"' in page and '"unknown": {"total"' in page.replace('"unknown":{"total"', '"unknown": {"total"')
+
+
+def test_explain_answers_by_the_knn_rule_with_the_reason(knn_run):
+    pytest.importorskip("captum", reason="Captum is not installed (the trust extra)")
+    from fastapi.testclient import TestClient
+    from serve_helpers import serve_model
+
+    from inceptionlab.cli.serve import _explainers
+    from inceptionlab.serve.app import create_app
+
+    model = serve_model(knn_run.run_dir)
+    service = _explainers([(model, knn_run.run_dir)], None, "cpu")
+    with TestClient(create_app([model], explain=service)) as client:
+        for path in [knn_run.data / "val" / "fox" / "fox_1.png", knn_run.outside / "noise_0.png"]:
+            classified = client.post("/v1/classify", content=path.read_bytes()).json()["results"][0]
+            answer = client.post("/v1/explain", content=path.read_bytes())
+            assert answer.status_code == 200 and answer.headers["x-answer"] == classified["answer"]
+            assert answer.headers["x-unknown-reason"] == (classified["reason"] or "")
+            assert float(answer.headers["x-knn-distance"]) == pytest.approx(classified["knn_distance"], abs=1e-5)

@@ -62,9 +62,11 @@ def evaluate(
     """Score a model on a labelled image split, and calibrate it.
 
     On the run's own validation split it fits the temperature that calibrates the model's probabilities
-    (on its logits) and, with --reject, the threshold below which the answer is 'unknown'; both are saved
-    in the run's spec.json with the test-time augmentation they were fitted under, and predict, export and
-    serve answer by them. Any other split, and other data (--data), is scored under the saved rule and
+    (on its logits) and, with --reject, the threshold below which the answer is 'unknown'; with --unknown,
+    the distance to the training images' features (k-th nearest neighbour) beyond which the answer is
+    'unknown' too, far from the training data (the bank of features is saved beside model.pt). All are
+    saved in the run's spec.json with the test-time augmentation they were fitted under, and predict,
+    export and serve answer by them. Any other split, and other data (--data), is scored under the saved rule and
     changes nothing. eval/plots/reliability.png shows the calibration before and after.
 
     Examples:

@@ -51,8 +51,9 @@ class ExplainService:
             cam = explainer.maps(batch, [index])[0]
         buffer = io.BytesIO()
         overlay(batch[0], cam).save(buffer, format="PNG")
-        return Explained(buffer.getvalue(), index, float(answers.probabilities[0, index]),
-                         answers.row(0, explainer.spec.labels)["answer"])
+        row = answers.row(0, explainer.spec.labels)
+        return Explained(buffer.getvalue(), index, float(answers.probabilities[0, index]), row["answer"],
+                         row.get("reason"), row.get("knn_distance"))
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class Explained:
     index: int  # the class explained
     probability: float  # its calibrated probability under the rule
     answer: str  # the rule's answer for the image: its label, or "unknown"
+    reason: str | None = None  # under a rule with a kNN bank: why it is unknown (far, unsure), None if answered
+    knn_distance: float | None = None  # under a rule with a kNN bank: the image's distance
 
 
 def install_explain_route(app: FastAPI, state: ServeState, service: ExplainService | None) -> None:
@@ -79,9 +82,11 @@ def install_explain_route(app: FastAPI, state: ServeState, service: ExplainServi
         except (ProtocolError, UserError) as exc:
             raise ServeError("invalid", str(exc)) from None
         done = await state.in_thread(service.explain, served.name, pixels, target)
-        return Response(done.png, media_type="image/png", headers={
-            "X-Class-Index": str(done.index), "X-Class-Label": _header(served.spec.labels[done.index]),
-            "X-Class-Probability": f"{done.probability:.6f}", "X-Answer": _header(done.answer)})
+        headers = {"X-Class-Index": str(done.index), "X-Class-Label": _header(served.spec.labels[done.index]),
+                   "X-Class-Probability": f"{done.probability:.6f}", "X-Answer": _header(done.answer)}
+        if done.knn_distance is not None:  # a rule with a kNN bank: why, and how far
+            headers.update({"X-Unknown-Reason": done.reason or "", "X-Knn-Distance": f"{done.knn_distance:.6f}"})
+        return Response(done.png, media_type="image/png", headers=headers)
 
 
 def _header(text: str) -> str:
