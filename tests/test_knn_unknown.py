@@ -269,3 +269,22 @@ def test_explain_answers_by_the_knn_rule_with_the_reason(knn_run):
             assert answer.status_code == 200 and answer.headers["x-answer"] == classified["answer"]
             assert answer.headers["x-unknown-reason"] == (classified["reason"] or "")
             assert float(answer.headers["x-knn-distance"]) == pytest.approx(classified["knn_distance"], abs=1e-5)
+
+
+def test_grpc_answers_unknown_and_the_distance_like_http(knn_run):
+    tg = pytest.importorskip("tritonclient.grpc")
+    from serve_helpers import serve_model
+    from test_serve_grpc import bytes_input, grpc_server
+
+    files = [knn_run.outside / "noise_0.png", knn_run.data / "val" / "fox" / "fox_1.png"]
+    model = serve_model(knn_run.run_dir)
+    with grpc_server([model]) as (base, address, _state), tg.InferenceServerClient(address) as client:
+        meta = client.get_model_metadata("tiny", as_json=True)
+        assert {"name": "knn_distance", "datatype": "FP32", "shape": ["-1", "1"]} in meta["outputs"]
+        result = client.infer("tiny", [bytes_input("image_bytes", [f.read_bytes() for f in files], [2, 1])])
+        import httpx
+
+        classified = httpx.post(f"{base}/v1/classify", files=[("files", (f.name, f.read_bytes())) for f in files],
+                                timeout=30).json()["results"]
+    assert result.as_numpy("unknown").reshape(-1).tolist() == [r["unknown"] for r in classified]
+    assert result.as_numpy("knn_distance").reshape(-1) == pytest.approx([r["knn_distance"] for r in classified], abs=1e-5)
