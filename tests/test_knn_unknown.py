@@ -143,10 +143,18 @@ def test_a_run_without_a_bank_answers_as_before(run, cli):
 # --------------------------------------------------------------------------- combinations
 
 
-@pytest.fixture
-def knn_run(run, cli):
-    """The run with a softmax threshold and a kNN detector fitted together."""
-    evaluate_json(cli, run.run_dir, "--reject", "precision=0.9", "--unknown", "coverage=0.9")
+@pytest.fixture(scope="module")
+def knn_run(tmp_path_factory):
+    """The run with a softmax threshold and a kNN detector fitted together, once for the tests that only
+    read it (serve, gRPC, explain, the report)."""
+    from inceptionlab.cli.app import main
+
+    run = calibration_run(tmp_path_factory).copy(tmp_path_factory.mktemp("knn_run"))
+    try:
+        main(["evaluate", str(run.run_dir), "--reject", "precision=0.9", "--unknown", "coverage=0.9", "--json"])
+    except SystemExit as exc:
+        assert not exc.code, f"evaluate failed: {exc.code}"
+    assert spec_of(run).rule.knn is not None
     return run
 
 
@@ -180,6 +188,7 @@ def test_serve_http_answers_like_predict_with_the_reason_and_distance(knn_run):
     assert any(e["reason"] == FAR for e in expected)
 
 
+@pytest.mark.slow  # an ONNX export with its parity check: ~17 s on 2 busy cores
 def test_serve_on_an_exported_graph_answers_by_the_softmax_rule(knn_run):
     pytest.importorskip("onnxruntime")
     from serve_helpers import serve_model
@@ -215,7 +224,9 @@ def test_knn_rule_under_tta_averages_the_views_features(run, cli):
             Predictor(net, spec, torch.device("cpu"), tta="none")
 
 
-def test_knn_combines_with_temperature_and_reject_threshold(knn_run, cli):
+def test_knn_combines_with_temperature_and_reject_threshold(run, cli):
+    evaluate_json(cli, run.run_dir, "--reject", "precision=0.9", "--unknown", "coverage=0.9")
+    knn_run = run
     spec = spec_of(knn_run)
     rule = spec.rule
     assert rule.threshold is not None and rule.temperature != 1.0 and rule.knn is not None
