@@ -132,12 +132,16 @@ def test_a_run_without_a_bank_answers_as_before(run, cli):
     before = cli("predict", "--run", run.run_dir, run.outside, "--json")
     report = evaluate_json(cli, run.run_dir, "--unknown-images", run.outside)
     assert spec_of(run).rule.knn is None and "knn" not in report["outside_images"]["scores"]
-    assert not (run.run_dir / "feature_bank.npy").exists()
-    assert "unknown_detector" not in report
+    assert not (run.run_dir / "feature_bank.npy").exists() and "unknown_detector" not in report
     after = cli("predict", "--run", run.run_dir, run.outside, "--json")
-    assert [json.loads(x)["answer"] for x in before.out.splitlines()] == \
-        [json.loads(x)["answer"] for x in after.out.splitlines()] or spec_of(run).rule.threshold is None
-    assert "knn_distance" not in after.out
+    rows_before = [json.loads(x) for x in before.out.splitlines()]
+    rows_after = [json.loads(x) for x in after.out.splitlines()]
+    # a temperature changes no top class; without a threshold nothing is unknown; rows keep their keys
+    assert [r["answer"] for r in rows_before] == [r["answer"] for r in rows_after]
+    assert [set(r) for r in rows_before] == [set(r) for r in rows_after] == [{"file", "answer", "score", "unknown",
+                                                                             "topk"}] * len(rows_after)
+    table = (run.run_dir / "eval" / "results.csv").read_text().splitlines()[0]
+    assert "knn_distance" not in table and "reason" not in table
 
 
 # --------------------------------------------------------------------------- combinations
