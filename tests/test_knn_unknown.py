@@ -93,6 +93,10 @@ def test_the_rule_says_far_before_unsure_and_keeps_its_bank_beside_spec_json(tmp
     assert "home" not in rule.to_dict()["knn"] and back.knn.home is None
     assert back.located(tmp_path).decide(logits, features).reason == answers.reason
     assert isinstance(back.knn, KnnRule) and back.knn.bytes == 4 * 4 * 8
+    # what an export's runtime gets is said in its configuration parameters (Triton's config, serve's)
+    params = dict(rule.parameters())
+    assert float(params["knn_threshold"]) == 0.5 and "softmax rule only" in params["knn_without_bank"]
+    assert "knn_without_bank" not in dict(rule.softmax_only().parameters())
 
 
 # --------------------------------------------------------------------------- evaluate, predict
@@ -200,6 +204,9 @@ def test_serve_on_an_exported_graph_answers_by_the_softmax_rule(knn_run):
     model = serve_model(knn_run.run_dir, backend="onnxruntime")
     assert model.feature_dim == 0 and model.rule.knn is None and model.rule.threshold == spec_of(knn_run).rule.threshold
     assert "knn_distance" not in model.outputs
+    sidecar = json.loads((knn_run.run_dir / "exports" / "model.onnx.json").read_text())
+    assert "softmax rule only" in sidecar["decision_rule"]["knn_detector"]
+    assert "kNN" not in sidecar["decision_rule"]["applied_by_the_export"]
 
 
 def test_knn_rule_under_tta_averages_the_views_features(run, cli):
