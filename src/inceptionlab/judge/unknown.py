@@ -184,5 +184,5 @@ def knn_line(knn: KnnRule, val_distances: np.ndarray, bank: Bank | None) -> str:
     within = float((~knn.far(val_distances)).mean()) if len(val_distances) else math.nan
     source = "" if bank is None else (f"; features read from the cache {bank.cached}" if bank.loaded else
                                       f"; features cached in {bank.cached}")
-    return (f"kNN unknown detector: {knn.describe()}; {within:.1%} of validation within it; the bank "
-            f"{knn.path} holds {knn.bytes / 2**20:.1f} MiB in memory{source}")
+    return (f"kNN unknown detector: {knn.describe()}; {within:.1%} of validation within it; bank saved to "
+            f"{knn.path}{source}")
