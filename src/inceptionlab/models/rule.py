@@ -111,7 +111,8 @@ class Answers:
 
 @dataclass(frozen=True)
 class DecisionRule:
-    """Test-time augmentation, temperature and reject threshold, with their target and what they were fitted on."""
+    """Test-time augmentation, temperature and reject threshold, with their target and what they were fitted on,
+    and the kNN unknown detector on the features where `evaluate --unknown` fitted one."""
 
     tta: str = "none"  # none | flip | crops | flip-crops: the views whose logits are averaged
     temperature: float = 1.0  # calibrated probabilities: softmax(logits / temperature)
@@ -223,7 +224,10 @@ class DecisionRule:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["knn"] = self.knn.to_dict() if self.knn else None
+        if self.knn is None:
+            del out["knn"]  # a rule without a bank is saved as before it could have one (exports stay current)
+        else:
+            out["knn"] = self.knn.to_dict()
         return out
 
     @classmethod
