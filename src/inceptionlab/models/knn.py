@@ -11,7 +11,8 @@ The bank is stored beside model.pt (BANK_FILE, float32 .npy of unit rows) and de
 (`KnnRule`, part of the decision rule in models/rule.py): its rows, the training images they were drawn
 from, its size in bytes, k and the threshold with the coverage it was chosen for. Where the training
 split would make a bank above MAX_BANK_BYTES, a seeded random subsample of rows is kept (Sun et al.
-report that a 1% subsample of ImageNet's features loses little: their Table 3), and `sampled` says so.
+study the sampling ratio on ImageNet and find a small random share of the training features nearly as
+good as all of them), and `sampled` says so.
 
 Search: one matrix product of the (unit) queries with the bank and `topk`, in chunks of queries: for unit
 vectors |a - b|^2 = 2 - 2 a.b, so the product gives every distance. A 5,000 x 2,048 bank costs ~20 MFLOP
