@@ -18,9 +18,8 @@ Models:
 - `digits`: the demo's Inception v3 on scikit-learn's digits at 80 px (demo/digits, `make demo`'s recipe).
   Unknowns: CIFAR-10 photographs, noise.
 
-Then the score's cost per request in `serve` at batch 1 (`--cost`): the tiny model's ServedModel on eager
-PyTorch answering one image, with its kNN rule (features + search) and with the softmax rule alone, in
-interleaved rounds; and a synthetic bank of the largest size a run keeps (models/knn.py MAX_BANK_BYTES).
+Then the score's cost per request in `serve` at batch 1 on the tiny model (benchmarks/unknown_cost.py;
+`--no-cost` leaves it out).
 
     python benchmarks/unknown.py                     # all three, ~20-30 min on 2 shared cores
     python benchmarks/unknown.py --models tiny --ood 60
@@ -42,6 +41,7 @@ import numpy as np
 from PIL import Image
 
 from _results import write_result  # this folder's sibling module
+from unknown_cost import serve_cost, write_cost  # this folder's sibling module
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("INCEPTIONLAB_SHARED_DATA", "/work/shared/data"))
@@ -148,96 +148,6 @@ def measure(name: str, run: Path, unknowns: dict[str, Path], what: str) -> list[
     return rows
 
 
-def serve_cost(run: Path, rounds: int) -> list[dict[str, Any]]:
-    """Per-request time at batch 1 in serve's ServedModel (eager PyTorch, fp32): the kNN rule's (features
-    out of the model and the bank search) against the softmax rule's, interleaved; and the search alone
-    against a bank of the largest size a run keeps."""
-    import torch
-
-    from inceptionlab.models.knn import MAX_BANK_BYTES, kth_distance, normalised
-    from inceptionlab.serve.models import ModelLoadSettings, load_served_model
-
-    from inceptionlab.models.spec import ModelSpec
-
-    def served(run_dir: Path):
-        settings = ModelLoadSettings(backend="eager", precision="fp32", device="cpu", max_batch=1, instances=1,
-                                     log=lambda m: None)
-        return load_served_model(settings, run_dir=run_dir, name="m")
-
-    # The same run with the softmax rule alone (its spec.json without the kNN detector): the engine then
-    # runs the bare model, as every run without a bank does.
-    bare = run.parent / (run.name + "-softmax-only")
-    if not bare.exists():
-        shutil.copytree(run, bare, ignore=shutil.ignore_patterns("checkpoints", "tb", "eval", "exports"))
-    spec = ModelSpec.load(bare / "spec.json")
-    spec.rule = spec.rule.softmax_only()
-    spec.save(bare / "spec.json")
-    with_knn, plain = served(run), served(bare)
-    assert with_knn.feature_dim and not plain.feature_dim
-    image = np.random.default_rng(0).normal(size=(1, *with_knn.input_shape)).astype(np.float32)
-    times: dict[str, list[float]] = {"softmax rule": [], "kNN rule": []}
-    for _ in range(3):
-        plain.run(0, [image]), with_knn.run(0, [image])
-    for _ in range(rounds):
-        for label, model in (("softmax rule", plain), ("kNN rule", with_knn)):
-            start = time.perf_counter()
-            model.run(0, [image])
-            times[label].append((time.perf_counter() - start) * 1e3)
-    base = float(np.median(times["softmax rule"]))
-    rows = []
-    for label, values in times.items():
-        median = float(np.median(values))
-        rows.append({"what": f"served request, {label}", "bank": with_knn.rule.knn.describe() if label == "kNN rule"
-                     else "-", "median_ms": median, "min_ms": float(np.min(values)),
-                     "added_ms": median - base, "added_share": (median - base) / base})
-    # The rule's own work, apart from the model (less exposed to the machine's load than two forward passes
-    # whose difference it is): decide() with the features against decide() on the logits alone.
-    out = with_knn.engines[0].run(with_knn._batch_input([image]))
-    logits, features = out[:, :-with_knn.feature_dim], out[:, -with_knn.feature_dim:]
-    decide = {"softmax": lambda: with_knn.rule.softmax_only().decide(logits),
-              "knn": lambda: with_knn.rule.decide(logits, features)}
-    spent: dict[str, list[float]] = {"softmax": [], "knn": []}
-    for _ in range(10 * rounds):
-        for label, call in decide.items():
-            start = time.perf_counter()
-            call()
-            spent[label].append((time.perf_counter() - start) * 1e3)
-    added = float(np.median(spent["knn"]) - np.median(spent["softmax"]))
-    rows.append({"what": "the kNN rule's decide() beyond the softmax rule's", "bank": f"{with_knn.rule.knn.rows} x "
-                 f"{with_knn.rule.knn.dim}, k {with_knn.rule.knn.k}", "median_ms": added,
-                 "min_ms": float(np.min(spent["knn"]) - np.min(spent["softmax"])), "added_ms": added,
-                 "added_share": added / base})
-    dim = with_knn.rule.knn.dim
-    big = normalised(torch.randn(MAX_BANK_BYTES // (4 * dim), dim))
-    query = torch.randn(1, dim)
-    for _ in range(3):
-        kth_distance(query, big, 50)
-    search = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        kth_distance(query, big, 50)
-        search.append((time.perf_counter() - start) * 1e3)
-    median = float(np.median(search))
-    rows.append({"what": "search alone, largest bank", "bank": f"{len(big):,} x {dim} (MAX_BANK_BYTES), k 50",
-                 "median_ms": median, "min_ms": float(np.min(search)), "added_ms": median,
-                 "added_share": median / base})
-    return rows
-
-
-def write_cost(cost: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    for row in cost:
-        print(f"serve batch 1: {row['what']}: {row['median_ms']:.3f} ms ({row['added_share']:+.2%})", flush=True)
-    details = {"uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
-               "load_average_at_end": list(os.getloadavg())}
-    path = write_result("unknown_cost", cost, title="The kNN rule's cost per request in serve at batch 1 (tiny probe, "
-                        "Inception v3 at 299 px, eager fp32, one instance)",
-                        columns=[("what", "what"), ("bank", "bank"), ("median_ms", "median ms", ".3f"),
-                                 ("min_ms", "min ms", ".3f"), ("added_share", "of the model's time", ".2%")],
-                        settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                        details=details)
-    print(f"wrote {path}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,fashion,digits")
@@ -247,8 +157,6 @@ def main() -> None:
     parser.add_argument("--val-per-class", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--no-cost", action="store_true")
-    parser.add_argument("--cost-only", action="store_true", help="only the serve cost (unknown_cost), on the tiny "
-                        "run already trained under --work")
     args = parser.parse_args()
     if not WEIGHTS.is_file() and "tiny" in args.models:
         raise SystemExit(f"{WEIGHTS}: the real Inception weights are not cached (make real-weights)")
@@ -258,9 +166,6 @@ def main() -> None:
     noise = noise_images(work / "unknown" / "noise", args.ood)
     rows, runs, cost = [], {}, []
     seconds = {}
-    if args.cost_only:
-        write_cost(serve_cost(sorted((work / "runs-tiny").glob("*/*/2*[0-9]/model.pt"))[-1].parent, args.rounds), args)
-        return
     for name in args.models.split(","):
         started = time.perf_counter()
         if name == "tiny":
