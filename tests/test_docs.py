@@ -234,6 +234,24 @@ def test_the_readme_links_only_to_pages_and_headings_that_exist():
             assert anchor in heading_anchors(REPO / path), f"README links to {target}: no such heading"
 
 
+def test_fast_inferences_agreement_table_is_its_result_file():
+    """The page's table of top-1 agreement with fp32 is the result file it names, row for row (it said 99.3%
+    and usable for int8 where the file measured 98.0% and 97.0%, refused)."""
+    page = (REPO / "docs" / "fast-inference.md").read_text()
+    [name] = re.findall(r"`benchmarks/results/(inference--[^`]+\.json)`", page)
+    record = json.loads((REPO / "benchmarks" / "results" / name).read_text())
+    judged = [row for row in record["rows"] if row.get("agreement") is not None]
+    configs = sorted({(row["backend"], row["precision"]) for row in judged})
+    lines = ["| configuration | top-1 agreement with fp32 | usable |", "|---|---:|---|"]
+    for backend, precision in configs:
+        rows = [row for row in judged if (row["backend"], row["precision"]) == (backend, precision)]
+        assert len({(row["agreement"], row["agreement_images"], row["usable"]) for row in rows}) == 1  # batch 1 = 8
+        row = rows[0]
+        lines.append(f"| {backend} {precision} | {row['agreement']:.1%} (n={row['agreement_images']}) | "
+                     f"{'yes' if row['usable'] else 'no'} |")
+    assert "\n".join(lines) in page, "\n".join(lines)
+
+
 def test_a_benchmark_run_writes_a_result_the_performance_page_renders(tmp_path):
     """The smallest run of a real benchmark script: its file carries rows and machine, and renders."""
     env = {**os.environ, results.RESULTS_ENV: str(tmp_path), "OMP_NUM_THREADS": "1"}
