@@ -218,7 +218,9 @@ def heading_anchors(page: Path) -> set[str]:
     from markdown.extensions.toc import slugify
 
     headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), flags=re.M)
-    return {slugify(re.sub(r"[`*]", "", heading), "-") for heading in headings}
+    explicit = [re.search(r"\{#([\w-]+)\}\s*$", heading) for heading in headings]  # attr_list's {#id}
+    return {found[1] if found else slugify(re.sub(r"[`*]", "", heading), "-")
+            for heading, found in zip(headings, explicit)}
 
 
 def test_the_readme_links_only_to_pages_and_headings_that_exist():
@@ -279,8 +281,8 @@ def test_every_example_output_on_every_page_is_marked():
     assert {p.relative_to(REPO / "docs").parts[0] for p in pages} >= {"first-steps.md", "serving"}
     unmarked = {str(page.relative_to(REPO)): [line for line, _ in parse_page(page)[1]] for page in pages}
     unmarked = {page: lines for page, lines in unmarked.items() if lines}
-    assert not unmarked, ("blocks without <!-- output: ID --> (the id of a check in the tests, see "
-                          f"tests/helpers/page_examples.py) or <!-- output: none (why) -->, by page and line: {unmarked}")
+    assert not unmarked, ("blocks without <!-- output: ID --> (the id of a check in the tests, see tests/helpers/"
+                          f"page_examples.py) or <!-- output: none (why) -->, by page and line: {unmarked}")
 
 
 def test_every_marked_example_is_checked_by_a_test_and_ids_are_unique():

@@ -228,7 +228,8 @@ def test_cuda_wheel_on_amd_host_is_called_a_mismatch():
 
     assert "install the ROCm build" in gpu.detail
     with_rocm = fake_probes(files=("/dev/kfd",), tools=("rocminfo",), rocm="6.4")
-    check_example("troubleshooting-cuda-wheel-on-amd", printed(check(run_doctor(probes=with_rocm, build=CUDA_BUILD), "gpu")))
+    on_rocm_host = check(run_doctor(probes=with_rocm, build=CUDA_BUILD), "gpu")
+    check_example("troubleshooting-cuda-wheel-on-amd", printed(on_rocm_host))
 
 
 def test_cpu_venv_hiding_the_system_rocm_torch_names_the_make_fix():

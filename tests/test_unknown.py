@@ -194,7 +194,7 @@ def test_a_new_rule_makes_the_export_stale(run, cli):
     assert exported.code == 0, exported.err
     check_example("calibration-export-parity", exported.out)
     assert current_export(load_source(run_dir=run.run_dir)) is not None
-    evaluate_json(cli, run.run_dir, "--reject", "coverage=0.5")  # another threshold: the stamped spec no longer says it
+    evaluate_json(cli, run.run_dir, "--reject", "coverage=0.5")  # another threshold: the stamped spec is stale
     assert current_export(load_source(run_dir=run.run_dir)) is None
 
 
