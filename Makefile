@@ -36,7 +36,7 @@ demo: setup
 # module fixtures (trained runs, exports) are built once, one torch thread per worker: two OpenMP
 # threads per worker spin-wait on each other when the workers share 2 cores. On the 2-core AMD EPYC:
 # 495 tests in 2 min 53 s, against 5 min 40 s in one process; by test instead of by file, 3 min 44 s.
-PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=15
 
 # One pytest invocation. (The server tests once ran in a second one, after a worker died with SIGSEGV:
 # OpenVINO left a thread on a freed signal stack; docs/testing.md has the cause and its reproducer.)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import shared_data
+from helpers.page_examples import check_example
 from PIL import Image
 
 from inceptionlab.data.check import check_data, quick_check, warning_line
@@ -128,6 +129,7 @@ def test_imbalance_suggests_balanced_class_weights(tmp_path):
     line = warning_line(quick_check(root), root)
     assert line.startswith("warning: data check: classes are imbalanced") and "inceptionlab data check" in line
     assert "\n" not in line
+    check_example("data-check-train-warning", line, labels=["cat", "dog", "fox"])
 
 
 def test_a_folder_of_class_folders_counts_its_images_without_naming_a_split(tmp_path):
@@ -156,6 +158,7 @@ def test_the_cli_reports_and_exits_1_on_errors(planted, cli):
     assert {name for group in leakage["files"] for name in group} == expected["leakage"]
     text = cli("data", "check", root, "--workers", "0")
     assert "ERROR   leakage" in text.out and "what to do:" in text.out
+    check_example("data-check-report", text.out, labels=["cat", "dog", "fox"])
 
 
 def test_a_clean_set_exits_0(tmp_path, cli):

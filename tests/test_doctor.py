@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers.page_examples import check_example
 
 from inceptionlab.doctor import (
     BuildInfo,
@@ -83,6 +84,13 @@ CPU_BUILD = BuildInfo(cuda=None, hip=None)
 
 def check(report, name):
     return next(c for c in report.checks if c.name == name)
+
+
+def printed(found) -> str:
+    """A check as `inceptionlab doctor` prints it."""
+    from inceptionlab.cli.doctor import format_check
+
+    return "\n".join(format_check(found.status, found.name, found.detail))
 
 
 def names(report):
@@ -219,6 +227,9 @@ def test_cuda_wheel_on_amd_host_is_called_a_mismatch():
     gpu = check(run_doctor(probes=fake_probes(files=("/dev/kfd",)), build=CUDA_BUILD), "gpu")
 
     assert "install the ROCm build" in gpu.detail
+    with_rocm = fake_probes(files=("/dev/kfd",), tools=("rocminfo",), rocm="6.4")
+    on_rocm_host = check(run_doctor(probes=with_rocm, build=CUDA_BUILD), "gpu")
+    check_example("troubleshooting-cuda-wheel-on-amd", printed(on_rocm_host))
 
 
 def test_cpu_venv_hiding_the_system_rocm_torch_names_the_make_fix():
@@ -232,6 +243,7 @@ def test_cpu_venv_hiding_the_system_rocm_torch_names_the_make_fix():
     assert gpu.status == "fail"
     assert gpu.detail.splitlines()[1].startswith("fix: `make clean setup TORCH_FROM_SYSTEM=1`")
     assert report.to_dict()["fix"].startswith("`make clean setup TORCH_FROM_SYSTEM=1`")
+    check_example("troubleshooting-rocm-torch-hidden", printed(gpu))
 
 
 def test_cpu_wheel_on_amd_host_names_the_rocm_wheel_index():
@@ -472,6 +484,9 @@ def test_missing_gfx_arch_suggests_the_familys_override_but_never_sets_it(arch, 
     assert f"runs {sibling}'s kernels" in found.detail and "inceptionlab never sets it" in found.detail
     assert env == {} and "HSA_OVERRIDE_GFX_VERSION" not in os.environ
     assert names(report).index("arch cuda:0") < names(report).index("cuda:0")
+    if arch == "gfx1031":
+        # The fake ROCm build reports this torch's version; the page's host had the ROCm wheel's.
+        check_example("troubleshooting-gfx-arch", printed(found).replace(torch.__version__, "2.7.1+rocm6.4"))
 
 
 def test_a_gfx_arch_without_a_known_override_names_the_build_to_install():

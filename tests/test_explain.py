@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.small_runs import small_run
+from helpers.page_examples import check_example
 from PIL import Image
 from torch import nn
 
@@ -135,6 +136,7 @@ def test_predict_explain_writes_an_overlay_per_image(tmp_path_factory, tmp_path,
     assert result.code == 0, result.err
     rows = [json.loads(line) for line in result.out.splitlines()]
     assert [Path(r["file"]).name for r in rows] == [p.name for p in images]
+    check_example("errors-explain-json", result.out.splitlines()[0])
     for row, image in zip(rows, images):
         written = Path(row["explain"])
         assert written == tmp_path / "cams" / f"{image.stem}.cam.png"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from helpers.page_examples import check_example
 
 from inceptionlab.errors import UserError
 from inceptionlab.models.spec import ModelSpec
@@ -25,9 +26,17 @@ def small_run(squares_run):
 
 @pytest.fixture(scope="module")
 def exported(small_run, cli_module):
-    result = cli_module("export", small_run, "--json")
+    """The export as a user runs it (its lines are fast-inference.md's example); its record from the sidecar."""
+    result = cli_module("export", small_run)
     assert result.code == 0, result.err
-    return json.loads(result.out)
+    onnx_file = small_run / "exports" / "model.onnx"
+    sidecar = json.loads((small_run / "exports" / "model.onnx.json").read_text())
+    return {"printed": result.out, "path": str(onnx_file), "parity": sidecar["parity"]}
+
+
+def test_the_export_prints_what_the_pages_show(exported):
+    check_example("fast-inference-export", exported["printed"])
+    check_example("case-studies-export", exported["printed"])
 
 
 @pytest.fixture(scope="module")
@@ -208,9 +217,10 @@ def test_check_onnx_file_names_the_expected_shapes(tmp_path):
 def test_a_text_run_is_refused_with_a_pointer(tmp_path, cli):
     run = tmp_path / "text_run"
     run.mkdir()
-    ModelSpec("imdb_text", 2, ["neg", "pos"], input_kind="tokens").save(run / "spec.json")
+    ModelSpec("text_classifier", 2, ["neg", "pos"], input_kind="tokens").save(run / "spec.json")
     result = cli("export", run)
     assert result.code == 2 and "takes tokens, not images" in result.err and "exports/text/" in result.err
+    check_example("case-studies-text-export", result.err)
 
 
 def test_out_with_a_run_is_refused_not_ignored(small_run, tmp_path, cli):

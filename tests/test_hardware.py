@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.page_examples import check_example
 
 from inceptionlab import hardware
 from inceptionlab.errors import UserError
@@ -46,6 +47,8 @@ def test_a_cpu_without_bf16_units_never_gets_bf16_as_a_candidate():
     candidates, reasons = hardware.plan_candidates(ZEN3, Wanted(), training=True, env={})
     assert {c.precision for c in candidates} == {"fp32"}
     assert "emulated" in reasons["bf16"]
+    decision, _ = decide_for(ZEN3, {"fp32 nchw": 55.1, "fp32 channels_last": 77.6})
+    check_example("speed-settings-train-avx2", decision.line("speed settings"))
 
 
 def test_gpu_tables_follow_the_architecture():
@@ -115,6 +118,9 @@ def test_bf16_twice_as_fast_picks_bf16():
     assert decision.choice == Candidate("bf16", True)
     assert decision.img_per_s["bf16 channels_last"] == 40
     assert "bf16 channels_last (measured" in decision.line()
+    page, _ = decide_for(ZEN4, {"bf16 channels_last": 102.9, "bf16 nchw": 87.0, "fp32 channels_last": 74.6,
+                                "fp32 nchw": 59.3})  # the page's figures: make demo on a Zen 4
+    check_example("speed-settings-train-bf16", page.line("speed settings"))
 
 
 def test_a_gain_inside_the_noise_keeps_the_safe_configuration():
@@ -430,6 +436,10 @@ def test_an_emulated_precision_is_announced_with_its_measured_slowdown():
     else:
         assert "emulated" in warning and "slower" in warning
     assert hardware.emulation_warning(replace(facts, bf16=False), "bf16", measure=False).startswith("bf16 is emulated")
+    avx2 = replace(ZEN3, name="AMD EPYC")  # the page's host: measured here, on whatever this CPU is
+    # as bench prints it (cli/bench.py), train's start-up notes and serve likewise
+    check_example("speed-settings-bf16-emulated", f"warning: {hardware.emulation_warning(avx2, 'bf16')}")
+    check_example("speed-settings-fp16-emulated", f"warning: {hardware.emulation_warning(avx2, 'fp16')}")
 
 
 def test_fp16_on_a_cpu_without_fp16_units_is_announced_like_bf16():
@@ -454,6 +464,7 @@ def test_the_governor_gives_up_a_thread_while_another_process_keeps_a_cpu_busy()
                                        min_interval_s=0)
     assert [governor.update(), governor.update(), governor.update()] == [1, 1, 2]
     assert set_to == [2, 1, 2] and len(lines) == 2 and "other processes used 1.0 of 2 CPUs" in lines[0]
+    check_example("speed-settings-threads", lines[0])
 
 
 def test_the_governor_samples_at_most_every_min_interval():

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from helpers.page_examples import check_example
 
 from inceptionlab import host
 from inceptionlab.errors import UserError
@@ -517,7 +518,10 @@ def grpc_stub():
     def statistics(request, context):
         done = len(behaviour.seen)
         return json_format.ParseDict({"model_stats": [{"name": "stub", "inference_count": done, "execution_count": done,
-                                                       "inference_stats": {"success": {"count": done, "ns": 0}}}]},
+                                                       "inference_stats": {"success": {"count": done, "ns": 0},
+                                                                           "queue": {"count": done, "ns": done * 10**6},
+                                                                           "compute_infer": {"count": done,
+                                                                                             "ns": 2 * done * 10**6}}}]},
                                      message("ModelStatisticsResponse")())
 
     def handler(function, name):
@@ -558,6 +562,15 @@ def test_grpc_status_codes_are_counted_as_http_statuses_are(grpc_stub):
     assert n >= 10 and row["rejected"] == n // 4  # RESOURCE_EXHAUSTED: what 503 is over HTTP
     assert row["error"] == n // 10 - n // 20 and row["ok"] == n - row["rejected"] - row["error"]
     assert row["slo_met"] is False
+
+
+def test_the_grpc_table_is_the_pages(grpc_stub, cli, tmp_path):
+    target, _ = grpc_stub
+    result = cli("loadtest", target, "--protocol", "grpc", "--model", "stub", "--payload", "image", "--rate", "20",
+                 "--duration", "0.5", "--out", tmp_path, "--no-plot")
+    assert result.code == 0, result.err
+    progress, *after = result.err.splitlines()  # as a terminal shows them: the rate's line and where the
+    check_example("loadtest-grpc-table", "\n".join([progress, result.out, *after]), labels=["stub"])  # rows went
 
 
 def test_grpc_bad_targets_fail_in_one_line(grpc_stub, cli, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import make_image_folder
+from helpers.page_examples import check_example
 
 # The demo recipe's smallest settings that still build and train a resnet18 (8x8 digits upsampled to 32 px).
 TINY = ["data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32", "train.epochs=1",
@@ -25,6 +26,7 @@ def test_a_kwarg_the_chosen_model_does_not_take_is_a_one_line_error(tmp_path, cl
     assert "model.kwargs.dropout" in message and "resnet18" in message
     assert "zero_init_residual" in message  # one of resnet18's own arguments, listed as the fix
     assert "Traceback" not in result.err
+    check_example("recipes-model-kwargs", result.err)
 
 
 def test_set_null_drops_a_kwarg_and_a_mapping_replaces_them_all(tmp_path, cli):

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers.page_examples import check_example
 
 from inceptionlab.config import RECIPES_DIR, list_recipes, load_recipe
 from inceptionlab.data.readers import ARRAY_READERS, READERS
@@ -60,6 +61,17 @@ def test_bad_override_is_a_clear_error(override, words):
         load_recipe("inception_v3/tiny_imagenet", [override])
     assert words in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_trains_one_line_errors_on_a_bad_recipe_are_the_pages(cli, tmp_path):
+    """A misspelt key, and a crop the filled-in resize cannot hold: refused before any data is read."""
+    typo = cli("train", "inception_v3/tiny_imagenet", "--set", "train.epoch=3")
+    assert typo.code == 2 and len(typo.err.strip().splitlines()) == 1
+    check_example("recipes-unknown-key", typo.err)
+    crop = cli("train", "inception_v3/imagefolder", "--data", tmp_path, "--out", tmp_path / "runs",
+               "--set", "model.name=resnet50", "--set", "data.val_crop_size=300")
+    assert crop.code == 2 and not (tmp_path / "runs").exists()
+    check_example("recipes-crop-too-large", crop.err)
 
 
 def test_unknown_key_in_file_names_file_and_key(tmp_path):

@@ -4,6 +4,8 @@ constructed tables with known answers, planted label errors found with no false 
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import re
 from pathlib import Path
@@ -192,6 +194,10 @@ def test_report_json_lists_the_planted_label_errors_and_writes_a_self_contained_
     assert not sources and "http://" not in text and "https://" not in text  # nothing to fetch: images are inline
     assert text.count("data:image/jpeg;base64,") == 18  # every image once (all 18 are in some gallery)
     assert page.stat().st_size < 200_000
+    if importlib.util.find_spec("captum") is not None:  # the overlays: the trust extra
+        printed = cli("report", evaluated_run.run_dir, "--cam", "1", "--gallery", "1")
+        assert printed.code == 0, printed.err
+        check_example("errors-report", printed.out, labels=["cat", "dog", "fox"])
 
 
 def test_report_on_a_run_never_evaluated_says_what_to_run(tmp_path, cli):

@@ -53,7 +53,6 @@ CASES = [  # (backend, precision, layout, tolerance relative to the largest logi
     ("eager", "fp32", "nchw", 1e-5, r"torch eager cpu fp32"),
     ("eager", "fp32", "channels_last", 1e-5, r"torch eager cpu fp32"),
     ("eager", "bf16", "channels_last", 3e-2, r"torch eager cpu autocast bf16"),  # bf16: 8 mantissa bits, ~0.4%/op
-    ("compile", "fp32", "nchw", 1e-4, r"torch\.compile \(default, (dynamic|static) batch, inductor\) cpu fp32"),
     ("onnxruntime", "fp32", "native", 1e-5, r"CPUExecutionProvider"),
     ("openvino", "fp32", "native", 1e-5, r"OpenVINO [0-9.]+ CPU fp32"),
     ("openvino", "bf16", "native", 3e-2, r"OpenVINO [0-9.]+ CPU bf16"),
@@ -226,7 +225,13 @@ def test_each_compiled_model_keeps_its_own_inductor_cache_and_the_environment_is
     first, second = tiny_artifacts(tmp_path / "first", 0), tiny_artifacts(tmp_path / "second", 1)
     for artifacts in (first, second):
         session = RUNTIMES["compile"].open(artifacts, "fp32", "nchw", Target("cpu"), batch=2)
-        assert session.predict(random_inputs(2, (3, 32, 32))).shape == (2, 10)
+        # As every runtime in CASES: two full batches and a padded one, within 1e-4 of eager fp32 (Inductor
+        # reorders the convolutions' sums). Checked here rather than in CASES: each compile costs ~25 s.
+        inputs = random_inputs(5, (3, 32, 32))
+        got, want = session.predict(inputs), torch_logits(artifacts.source.model, inputs)
+        assert got.shape == want.shape == (5, 10)
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        assert re.fullmatch(r"torch\.compile \(default, (dynamic|static) batch, inductor\) cpu fp32", session.provider)
     for artifacts in (first, second):
         assert [p for p in (artifacts.cache / "inductor").rglob("*.py") if p.is_file()], artifacts.cache
     # Not set to a model's cache for the rest of the process (torch may set its own default there).

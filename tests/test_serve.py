@@ -62,6 +62,10 @@ def test_health_metadata_and_config(client):
     assert client.get("/v2/health/live").json() == {"live": True}
     assert client.get("/v2/health/ready").status_code == 200
     meta = client.get("/v2/models/tiny").json()
+    check_example("protocol-model-metadata", json.dumps(meta))
+    refused = client.post("/v2/models/tiny/infer", content=b"not json")
+    assert refused.status_code == 400
+    check_example("protocol-invalid-json", refused.text)
     # Both image inputs as clients discover them: the tensor, and encoded files as Triton declares
     # an encoded-image input of a batching model (BYTES, dims [1]).
     assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, 3, 75, 75]},

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.page_examples import check_example
 
 from inceptionlab.torch_build import TorchInfo, probe_torch, rocm_version, suggest_fix
 
@@ -195,6 +196,18 @@ def test_probe_without_torch_or_with_a_broken_interpreter_is_none(tmp_path, monk
 
     assert probe_torch(sys.executable) is None
     assert probe_torch(str(tmp_path / "no-such-python")) is None
+
+
+def test_a_system_python_without_torch_gets_the_pins_as_the_install_page_shows(tmp_path, monkeypatch, capsys):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "torch.py").write_text("raise ImportError('No module named torch')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.chdir(tmp_path)  # make's VENV is .venv, in the checkout
+
+    code = main(["--python", sys.executable, "--venv", ".venv"])
+
+    assert code == 0
+    check_example("install-setup-plan", capsys.readouterr().out)
 
 
 def test_planner_with_a_fake_rocm_system_torch_plans_a_shared_venv(tmp_path, monkeypatch, capsys):

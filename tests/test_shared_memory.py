@@ -6,6 +6,7 @@ import logging
 
 import pytest
 import torch
+from helpers.page_examples import check_example
 from torch.utils.data import Dataset
 
 from inceptionlab import host
@@ -49,6 +50,7 @@ def test_dockers_default_shm_lowers_the_workers_and_says_how_to_give_them_room(c
     message = caplog.records[-1].getMessage()
     assert "/dev/shm has 64 MiB free" in message and "need 270 MiB" in message and "using 1 worker(s)" in message
     assert "docker run --shm-size=1g" in message and "--ipc=host" in message
+    check_example("troubleshooting-shm-workers", message)
 
 
 def test_room_enough_or_no_dev_shm_keeps_the_workers(caplog):

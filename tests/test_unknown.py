@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.calibration_run import calibration_run
+from helpers.page_examples import check_example
 from test_serve_browser import browser  # noqa: F401  (the fixture: a headless chromium per test)
 
 from inceptionlab.judge.calibrate import fit_temperature, nll
@@ -49,8 +50,11 @@ def test_evaluate_fits_the_temperature_on_validation_logits_and_saves_it(run, cl
 
 
 def test_unknown_answers_images_of_no_class_and_keeps_what_validation_promised(run, cli):
-    report = evaluate_json(cli, run.run_dir, "--reject", "precision=0.9", "--unknown-images", run.outside)
-    reject = report["calibration"]["reject"]
+    result = cli("evaluate", run.run_dir, "--reject", "precision=0.9", "--unknown-images", run.outside)
+    assert result.code == 0, result.err
+    check_example("calibration-fit", result.out)
+    report = json.loads((run.run_dir / "eval" / "calibration.json").read_text())
+    reject = report["reject"]
     assert reject["precision"] >= 0.9 and 0 < reject["coverage"] < 1 and reject["target"] == "precision=0.9"
     spec = spec_of(run)
     assert spec.rule.threshold == pytest.approx(reject["threshold"]) and spec.rule.target == "precision=0.9"
@@ -60,6 +64,7 @@ def test_unknown_answers_images_of_no_class_and_keeps_what_validation_promised(r
     result = cli("predict", "--run", run.run_dir, run.outside / "noise_0.png", run.data / "val" / "fox" / "fox_1.png",
                  "--json")
     noise, fox = (json.loads(line) for line in result.out.splitlines())
+    check_example("calibration-predict-json", result.out.splitlines()[1])
     assert noise["answer"] == "unknown" and noise["unknown"] and noise["score"] < spec.rule.threshold
     assert fox["answer"] == "fox" and not fox["unknown"] and fox["score"] == fox["topk"][0]["prob"]
 
@@ -76,9 +81,12 @@ def test_another_datasets_photos_are_answered_unknown(run, cli):
 def test_other_splits_apply_the_saved_rule_and_change_nothing(run, cli):
     evaluate_json(cli, run.run_dir, "--reject", "coverage=0.5")
     before = (run.run_dir / "spec.json").read_bytes()
-    report = evaluate_json(cli, run.run_dir, "--split", "train")
-    assert not report["calibration"]["fitted"] and report["rule_saved_to"] is None
-    assert report["calibration"]["reject"]["target"] == "as saved"
+    result = cli("evaluate", run.run_dir, "--split", "train")
+    assert result.code == 0, result.err
+    check_example("calibration-other-split", result.out)
+    report = json.loads((run.run_dir / "eval" / "calibration.json").read_text())
+    assert not report["fitted"] and report["rule_saved_to"] is None
+    assert report["reject"]["target"] == "as saved"
     assert (run.run_dir / "spec.json").read_bytes() == before
     refused = cli("evaluate", run.run_dir, "--split", "train", "--reject", "precision=0.9")
     assert refused.code == 2 and "validation split" in refused.err
@@ -123,6 +131,12 @@ def test_tta_is_adopted_only_where_it_helped():
     worse = Scores(plain, targets, "flip", better)
     kept, note = adopted(worse, tta_gain(worse))
     assert kept.tta == "none" and kept.logits is better and "not adopted" in note
+    from inceptionlab.judge.calibrate import calibrate
+    from inceptionlab.judge.decision import RuleReport
+
+    report = RuleReport(calibrate(kept.logits, targets, fit=False, temperature=1.0), DecisionRule(),
+                        tta_gain=tta_gain(worse), note=note)
+    check_example("calibration-tta-hurt", "\n".join(x for x in report.lines() if x.startswith("test-time")))
 
 
 def test_tta_gains_within_the_noise_of_a_few_images_are_not_adopted():
@@ -139,6 +153,7 @@ def test_tta_gains_within_the_noise_of_a_few_images_are_not_adopted():
     assert gain["top1_gain"] == 0 and gain["nll_with"] < gain["nll_without"]
     kept, note = adopted(noisy, gain)
     assert kept.tta == "none" and kept.logits is plain and "within the noise of these 4 images" in note
+    check_example("calibration-tta-noise", note)
 
 
 @pytest.mark.slow  # an ONNX export with its parity check: ~25 s on 2 cores
@@ -174,9 +189,12 @@ def test_a_new_rule_makes_the_export_stale(run, cli):
     from inceptionlab.infer.export import current_export
     from inceptionlab.infer.source import load_source
 
-    assert cli("export", run.run_dir).code == 0
+    evaluate_json(cli, run.run_dir, "--reject", "precision=0.9")
+    exported = cli("export", run.run_dir)
+    assert exported.code == 0, exported.err
+    check_example("calibration-export-parity", exported.out)
     assert current_export(load_source(run_dir=run.run_dir)) is not None
-    evaluate_json(cli, run.run_dir)  # fits a temperature: the stamped spec no longer says it
+    evaluate_json(cli, run.run_dir, "--reject", "coverage=0.5")  # another threshold: the stamped spec is stale
     assert current_export(load_source(run_dir=run.run_dir)) is None
 
 
@@ -385,6 +403,7 @@ def test_a_tta_other_than_the_rules_is_refused_before_any_work_with_the_fix(run,
     image = run.data / "val" / "fox" / "fox_1.png"
     refused = cli("predict", "--run", run.run_dir, image, "--tta", "flip")
     assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1
+    check_example("calibration-tta-refused", refused.err)
     assert "--tta flip" in refused.err and f"inceptionlab evaluate {run.run_dir} --tta flip" in refused.err
     assert answered_files(cli, run.run_dir, image, extra=("--tta", "none"))  # the rule's own mode is fine
     settings = ModelLoadSettings(backend="eager", precision="fp32", device="cpu", max_batch=2, log=lambda m: None,
@@ -471,8 +490,9 @@ def test_a_fit_on_few_images_says_how_few_and_what_ece_means_there(run, cli):
     """The temperature fitted on 40 validation images made ECE worse (0.078 -> 0.092) while NLL improved,
     without a word about the sample size. At 18 images ECE over 15 bins is mostly chance: the output says
     how few images the fit rests on and the ECE a perfectly calibrated model would show there by chance."""
-    result = cli("evaluate", run.run_dir, "--reject", "coverage=0.5")
+    result = cli("evaluate", run.run_dir, "--reject", "precision=0.9")
     assert result.code == 0, result.err
+    check_example("calibration-few-images", result.out)
     saved = json.loads((run.run_dir / "eval" / "calibration.json").read_text())
     chance = saved["ece_by_chance"]
     assert 0.03 < chance["mean"] < 0.3 and chance["mean"] < chance["p90"]

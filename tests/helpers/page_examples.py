@@ -25,8 +25,9 @@ the block's shape with the program's, not its figures:
 
 Labels of the page's own run that are words (tiny-imagenet's `oboe`, `Egyptian cat`) are listed in the
 marker: `<!-- output: errors-report; labels: oboe, pretzel, Egyptian cat -->`; the test passes its
-run's labels (`labels=["cat", "dog", "fox"]`). A block that shows no output of the program (a folder
-layout, a config file) on a page whose blocks are all checked says so: `<!-- output: none (why) -->`.
+run's labels (`labels=["cat", "dog", "fox"]`). A plain, text or console block that shows no output of
+the program (a folder layout, a config file, one host's report) says so: `<!-- output: none (why) -->`;
+tests/test_docs.py fails on any such block of any page that is neither.
 
 On a mismatch the assertion names the page, the line and the id of the block, and shows both sides
 normalised (a diff) and the program's output as printed, to copy into the page.
