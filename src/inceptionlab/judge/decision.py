@@ -211,7 +211,7 @@ def outside_images(model: torch.nn.Module, spec: ModelSpec, folder: Path, device
     reasons = {why: sum(r == why for r in answers.reason) for why in (FAR, UNSURE)}
     out = {"folder": str(folder), "images": count, "unknown": unknown, "unknown_share": unknown / count,
            "median_score": float(np.median(answers.score)), "threshold": spec.rule.threshold,
-           "reasons": {why: n for why, n in reasons.items() if n}}
+           **({"reasons": {why: n for why, n in reasons.items() if n}} if predictor.rule.knn else {})}
     if inside is not None:
         rule = predictor.rule
         if coverage is None:
