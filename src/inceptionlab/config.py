@@ -340,8 +340,9 @@ class FinetuneConfig:
     body_lr_mult: float = 1.0
     # BatchNorm while the body trains: train (batch statistics, running statistics updated) | frozen (running
     # statistics used and kept, eval mode; scale and shift still train: detection's FrozenBatchNorm2d for
-    # small batches). A frozen body always keeps its statistics (engine/batchnorm.py).
-    bn: str = "train"
+    # small batches) | auto: frozen when the run starts from trained weights, train from random init (whose
+    # running statistics describe nothing yet). A frozen body always keeps its statistics (engine/batchnorm.py).
+    bn: str = "auto"
     # Layer-wise rate decay (timm's --layer-decay): the body's layers, counted from the head, get
     # lr x layer_decay^k (k = 1 for the last layer before the head); null: one rate for the body.
     layer_decay: Optional[float] = None

@@ -8,6 +8,15 @@ freezing is.
   (torchvision's `FrozenBatchNorm2d`) because batches of a few images give poor statistics, and the
   pretrained ones describe the data the body was trained on.
 
+`auto` (the default) is `frozen` for a body from trained weights and `train` for a random one
+(`resolve_auto`). Why frozen: the head-only epochs train the head on the body's features in eval mode
+(cached once, engine/features.py); under `train` the head met other features at the unfreeze. Real
+Inception v3 weights (issue 41) on 16 tiny-imagenet photos: pooled features in training mode had cosine
+0.455 to the eval-mode ones (batch variance 0.12-0.55 of the running variance in some layers), and every
+head-first-then-whole run collapsed at the unfreeze (validation 0.82 -> chance, loss 2.5e16). Kept
+frozen, the head meets the features it learnt on, and the statistics of ImageNet's 1.28M images stay
+those inference uses instead of a few batches' of 4-32 images.
+
 While the body is frozen (head-only epochs, `finetune.body_lr_mult=0`) its BatchNorm layers always use
 and keep their running statistics, whatever the policy: a frozen body whose statistics moved would not
 be frozen, and cached features would not be the body's (engine/finetune.py). The head's own layers and
@@ -44,6 +53,14 @@ BN_POLICIES: dict[str, tuple[Callable[[nn.Module, tuple[str, ...]], None], str]]
     "train": (_keep_training, "batch statistics, running statistics updated"),
     "frozen": (_use_running_statistics, "running statistics used and kept (eval mode), scale and shift trained"),
 }
+
+
+def resolve_auto(policy: str, pretrained: bool) -> str:
+    """finetune.bn=auto: the running statistics of trained weights are kept (frozen); a random body's are
+    0 and 1, so it trains with batch statistics (train), as the guide's from-scratch recipe does."""
+    if policy != "auto":
+        return policy
+    return "frozen" if pretrained else "train"
 
 
 def has_batchnorm(model: nn.Module) -> bool:
