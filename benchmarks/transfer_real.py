@@ -54,8 +54,12 @@ FASHION = ["0-tshirt-top", "1-trouser", "2-pullover", "3-dress", "4-coat", "5-sa
 REAL = os.environ.get("INCEPTIONLAB_REAL_WEIGHTS") or str(Path.home() / ".cache/inceptionlab/real-weights")
 
 MODELS = {
+    # The guide's preprocessing (342 -> 299, bilinear, ImageNet mean/std; the model's transform_input turns it
+    # into the [-1, 1] the 2015 graph was trained on), as inception_v3/tiny_imagenet states it.
     "inception": ("model.name=inception_v3_fid", f"model.weights={REAL}/inception_v3_fid.pt",
-                  "model.aux_loss_weight=null"),
+                  "model.aux_loss_weight=null", "data.train_crop_size=299", "data.val_resize_size=342",
+                  "data.val_crop_size=299", "data.interpolation=bilinear", "data.mean=[0.485,0.456,0.406]",
+                  "data.std=[0.229,0.224,0.225]"),
     # Preprocessing from the weights (224 px, bicubic, mean = std = 0.5): the recipe's values emptied.
     "lite0": ("model.name=timm/tf_efficientnet_lite0", f"model.weights={REAL}/tf_efficientnet_lite0.pt",
               "model.aux_loss_weight=null", "data.train_crop_size=null", "data.val_resize_size=null",
@@ -107,20 +111,21 @@ def read_idx(path: Path) -> Any:
 
 
 def fashion_folder(root: Path, work: Path, labels: int, val_per_class: int) -> Path:
-    """Fashion-MNIST as an ImageFolder of 28 px PNGs: the first `labels` training images of each class, the
-    first `val_per_class` test images of each; written once."""
+    """Fashion-MNIST as an ImageFolder of 28 px PNGs: `train<labels>/` the first `labels` training images of
+    each class, `val/` the first `val_per_class` test images of each; written once. One folder for every
+    label count, so the validation split's cached features (keyed by the files) are computed once."""
     from PIL import Image
 
-    folder = work / f"fashion-{labels}-val{val_per_class}"
-    if (folder / ".done").is_file():
+    folder = work / f"fashion-val{val_per_class}"
+    if (folder / f".done{labels}").is_file():
         return folder
-    for split, prefix, count in (("train", "train", labels), ("val", "t10k", val_per_class)):
+    for split, prefix, count in ((f"train{labels}", "train", labels), ("val", "t10k", val_per_class)):
         images, targets = read_idx(root / f"{prefix}-images-idx3-ubyte.gz"), read_idx(root / f"{prefix}-labels-idx1-ubyte.gz")
         for c, name in enumerate(FASHION):
             (folder / split / name).mkdir(parents=True, exist_ok=True)
             for i in [i for i in range(len(targets)) if targets[i] == c][:count]:
                 Image.fromarray(images[i]).convert("RGB").save(folder / split / name / f"{i:05d}.png")
-    (folder / ".done").write_text("")
+    (folder / f".done{labels}").write_text("")
     return folder
 
 
@@ -140,20 +145,22 @@ TASKS = {
 }
 
 
-def task_folder(task: str, data: Path, work: Path, val_per_class: int, smoke: bool) -> Path:
+def task_folder(task: str, data: Path, work: Path, val_per_class: int, smoke: bool) -> tuple[Path, list[str]]:
+    """The task's ImageFolder and the recipe values that read it."""
     if task.startswith("tiny"):
         root = data / "tiny-imagenet-200"
         wnids = sorted((root / "wnids.txt").read_text().split()) if task == "tiny200" else TINY10
-        return tiny_folder(root, work, wnids[:3] if smoke else wnids, val_per_class)
-    return fashion_folder(data / "fashion-mnist", work, 3 if smoke else int(task[len("fashion"):]), val_per_class)
+        return tiny_folder(root, work, wnids[:3] if smoke else wnids, val_per_class), []
+    labels = 3 if smoke else int(task[len("fashion"):])
+    return fashion_folder(data / "fashion-mnist", work, labels, val_per_class), [f"data.train_split=train{labels}"]
 
 
 # ----------------------------------------------------------------------------------------- runs
 
 
-def run_arm(task: str, model: str, arm: Arm, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_arm(task: str, model: str, arm: Arm, folder: Path, reads: list[str], args: argparse.Namespace) -> dict[str, Any]:
     top1, top5, walls, zero = [], [], [], []
-    sets = [*COMMON, *MODELS[model], f"data.root={folder}", f"train.epochs={args.epochs}", f"optim.lr={args.lr}",
+    sets = [*COMMON, *MODELS[model], f"data.root={folder}", *reads, f"train.epochs={args.epochs}", f"optim.lr={args.lr}",
             *[s.format(epochs=args.epochs) for s in arm.sets], *args.set]
     for seed in range(args.seeds):
         summary = train([*sets, f"train.seed={seed}"], args.work / "runs" / task / model / arm.name)
@@ -200,7 +207,13 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="a recipe value added to every run")
     parser.add_argument("--smoke", action="store_true", help="3 classes, 1 seed, 1 epoch: the code paths, not a result")
     parser.add_argument("--name", default="transfer_real", help="the result's benchmark name")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None,
+                        help="result files of earlier parts (each a --name of its own): one transfer_real file of "
+                             "their rows, their commands and environments kept in it")
     args = parser.parse_args()
+    if args.combine:
+        combine(args.combine, args.name)
+        return
     from inceptionlab import hardware
 
     if args.smoke:
@@ -208,10 +221,11 @@ def main() -> None:
     args.work = args.work or hardware.cache_root() / "transfer_real"
     start, rows = time.perf_counter(), []
     for task in args.tasks.split(","):
-        folder = args.folder or task_folder(task, args.data, args.work, args.val_per_class, args.smoke)
+        folder, reads = task_folder(task, args.data, args.work, args.val_per_class, args.smoke)
+        folder = args.folder or folder
         for model in args.models.split(","):
             for arm in args.arms.split(","):
-                row = run_arm(task, model, ARMS[arm], folder, args)
+                row = run_arm(task, model, ARMS[arm], folder, reads, args)
                 if arm == "probe" and model == "lite0" and task.startswith("tiny"):
                     rows.append(zero_shot_row(row))
                 rows.append(row)
@@ -220,6 +234,17 @@ def main() -> None:
     write_result(args.name, rows, title=title, columns=COLUMNS,
                  settings={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                  details={"seconds": time.perf_counter() - start, "uptime": os.getloadavg()})
+
+
+def combine(paths: list[Path], name: str) -> None:
+    """One result of several parts run apart (a 2-core machine runs them one after the other as time allows)."""
+    parts = [json.loads(path.read_text()) for path in paths]
+    rows = [{**row, "part": part["benchmark"]} for part in parts for row in part["rows"]]
+    title = ("Fine-tuning from real ImageNet weights (tiny-imagenet: classes ImageNet has seen; Fashion-MNIST: "
+             "unseen), validation top-1; parts: " + "; ".join(part["title"] for part in parts))
+    write_result(name, rows, title=title, columns=COLUMNS, settings={"parts": [str(p) for p in paths]},
+                 env=parts[-1]["env"], details={"parts": [{k: part[k] for k in ("benchmark", "command", "settings",
+                                                                                   "env")} for part in parts]})
 
 
 if __name__ == "__main__":
