@@ -212,7 +212,7 @@ def main() -> None:
                              "their rows, their commands and environments kept in it")
     args = parser.parse_args()
     if args.combine:
-        combine(args.combine, args.name)
+        combine(args.combine)
         return
     from inceptionlab import hardware
 
@@ -236,13 +236,13 @@ def main() -> None:
                  details={"seconds": time.perf_counter() - start, "uptime": os.getloadavg()})
 
 
-def combine(paths: list[Path], name: str) -> None:
+def combine(paths: list[Path]) -> None:
     """One result of several parts run apart (a 2-core machine runs them one after the other as time allows)."""
     parts = [json.loads(path.read_text()) for path in paths]
     rows = [{**row, "part": part["benchmark"]} for part in parts for row in part["rows"]]
     title = ("Fine-tuning from real ImageNet weights (tiny-imagenet: classes ImageNet has seen; Fashion-MNIST: "
              "unseen), validation top-1; parts: " + "; ".join(part["title"] for part in parts))
-    write_result(name, rows, title=title, columns=COLUMNS, settings={"parts": [str(p) for p in paths]},
+    write_result("transfer_real", rows, title=title, columns=COLUMNS, settings={"parts": [str(p) for p in paths]},
                  env=parts[-1]["env"], details={"parts": [{k: part[k] for k in ("benchmark", "command", "settings",
                                                                                    "env")} for part in parts]})
 
