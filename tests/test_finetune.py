@@ -330,7 +330,7 @@ def test_the_schedule_counts_epochs_not_the_steps_of_another_loader(tmp_path, im
 # --------------------------------------------------------------------------- where fine-tuning starts
 
 
-def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, image_folder, capsys):
+def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, image_folder, capsys, monkeypatch):
     """A run that learnt the squares (val top-1 1.0), then one epoch of a from-scratch recipe on its weights
     (AdamW 0.2 on every layer from the first step) scores chance: before, that ended "completed" with the
     wrecked weights in model.pt. Now the starting weights are validated as epoch 0 (metrics.jsonl and the
@@ -339,6 +339,18 @@ def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, im
     sets = [*SMALL_CNN, "optim.name=adamw", "optim.weight_decay=0"]
     first = fit(recipe_for(image_folder, *sets, "train.epochs=4", "optim.lr=0.003"), tmp_path / "a", progress=False)
     assert first.summary["last"]["top1"] == 1.0
+    wreck = [*sets, "train.epochs=1", "optim.lr=0.2", f"model.weights={first.run_dir}"]
+    # The wreck's validation loss explodes (2e-06 -> 372): by default the run stops there as diverged and
+    # model.pt keeps the starting weights (epoch 0, the best).
+    stopped = fit(recipe_for(image_folder, *wreck), tmp_path / "c", progress=False)
+    assert stopped.status == "diverged" and stopped.summary["model_epoch"] == 0
+    assert all(torch.equal(value, state_of(stopped.run_dir / "model.pt")[key])
+               for key, value in state_of(first.run_dir / "model.pt").items())
+    # The rule set aside, the run completes worse than it began: the path of a model that scores below its
+    # start without exploding.
+    from inceptionlab.engine import fit as fit_module
+
+    monkeypatch.setattr(fit_module, "EXPLODED", float("inf"))
     capsys.readouterr()
     again = fit(recipe_for(image_folder, *sets, "train.epochs=1", "optim.lr=0.2", f"model.weights={first.run_dir}"),
                 tmp_path / "b", progress=False)

@@ -404,7 +404,7 @@ def _kept_epoch(r: _Run) -> int | None:
     best epoch's (best.pt, the start among the candidates), loaded into the model the run saves and said."""
     s, best = r.s, r.best
     last_epoch = r.last["epoch"] if r.last else None
-    if r.status == "diverged" and best.epoch is not None and best.epoch != last_epoch:
+    if r.status == "diverged" and best.epoch is not None:  # the model holds the exploded epoch's weights
         _load_best(r)
         r.report.say(f"model.pt: the weights of epoch {best.epoch} ({best.metric} {best.value:.4f}), the best before "
                      "the validation loss exploded")
