@@ -239,9 +239,17 @@ def main() -> None:
 def combine(paths: list[Path]) -> None:
     """One result of several parts run apart (a 2-core machine runs them one after the other as time allows)."""
     parts = [json.loads(path.read_text()) for path in paths]
-    rows = [{**row, "part": part["benchmark"]} for part in parts for row in part["rows"]]
-    title = ("Fine-tuning from real ImageNet weights (tiny-imagenet: classes ImageNet has seen; Fashion-MNIST: "
-             "unseen), validation top-1; parts: " + "; ".join(part["title"] for part in parts))
+    rows, seen = [], set()
+    for part in parts:
+        extra = " (finetune.bn=train)" if "finetune.bn=train" in part["command"] else ""
+        for row in part["rows"]:
+            key = (row["task"], row["model"], row["arm"]) if row["arm"] == "zero_shot" else None
+            if key is not None and key in seen:  # the probe's epoch 0: the same for every rate
+                continue
+            seen.add(key)
+            rows.append({**row, "arm": row["arm"] + extra, "part": part["benchmark"]})
+    title = ("Fine-tuning from real ImageNet weights, validation top-1 (tiny-imagenet: classes ImageNet has seen, "
+             "20 labels per class; Fashion-MNIST: unseen); each part's command and settings are in the file")
     write_result("transfer_real", rows, title=title, columns=COLUMNS, settings={"parts": [str(p) for p in paths]},
                  env=parts[-1]["env"], details={"parts": [{k: part[k] for k in ("benchmark", "command", "settings",
                                                                                    "env")} for part in parts]})

@@ -210,7 +210,7 @@ def test_head_epochs_leave_the_body_and_its_batchnorm_statistics_bit_identical(t
             assert not torch.equal(after[key], value)
         else:
             assert torch.equal(after[key], value), f"{key} changed while frozen"
-    # finetune.bn=train: the statistics move once the body trains (the default for trained weights keeps them).
+    # finetune.bn=train (the default): the statistics move once the body trains.
     thawed = fit(recipe_for(image_folder, *common, "train.epochs=3", "finetune.bn=train"), tmp_path / "b",
                  progress=False)
     assert not torch.equal(state_of(thawed.run_dir / "model.pt")["layer1.0.conv1.weight"], start["layer1.0.conv1.weight"])
@@ -546,14 +546,14 @@ def test_the_head_meets_at_the_unfreeze_the_features_it_was_trained_on(tmp_path,
     """Issue 41: head-first-then-whole runs from real Inception weights collapsed at the unfreeze (val 0.82 ->
     chance, val loss 2.5e16). The head trained on cached features of the body in eval mode (running
     statistics); at the unfreeze the default BatchNorm policy switched to batch statistics, and at batch 4 the
-    pooled features it met had cosine 0.455 to those it was trained on. With the default policy, a body from
+    pooled features it met had cosine 0.455 to those it was trained on. With finetune.bn=auto, a body from
     weights whose running statistics differ from its batch statistics (a fresh resnet18's are 0 and 1) hands the
     head the same features after the unfreeze, in training mode, as the cached ones."""
     from inceptionlab.engine.finetune import Stages
     from inceptionlab.engine.session import build_training_session
 
     weights, _ = start_weights(tmp_path, "resnet18")
-    s = build_training_session(recipe_for(image_folder, *RESNET, f"model.weights={weights}",
+    s = build_training_session(recipe_for(image_folder, *RESNET, f"model.weights={weights}", "finetune.bn=auto",
                                           "finetune.freeze_epochs=1", "train.epochs=2", "train.batch_size=4"))
     torch.manual_seed(0)
     images = torch.randn(4, 3, 32, 32)

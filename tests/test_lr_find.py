@@ -265,7 +265,7 @@ def test_the_whole_models_range_test_runs_batchnorm_as_the_run_will(image_folder
     torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), tmp_path / "start.pt")
     s = build_training_session(load_recipe("inception_v3/imagefolder", [
         *FAST, f"data.root={image_folder}", "model.name=resnet18", f"model.weights={tmp_path / 'start.pt'}",
-        "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]))
+        "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32", "finetune.bn=auto"]))
     assert s.recipe.finetune.bn == "frozen"
     path = _data_path(s, "body", lambda line: None)
     path.train_mode(path.runner)
