@@ -210,9 +210,10 @@ def test_head_epochs_leave_the_body_and_its_batchnorm_statistics_bit_identical(t
             assert not torch.equal(after[key], value)
         else:
             assert torch.equal(after[key], value), f"{key} changed while frozen"
-    # finetune.bn=train (the default): the statistics move once the body trains.
-    thawed = fit(recipe_for(image_folder, *common, "train.epochs=3", "finetune.bn=train"), tmp_path / "b",
-                 progress=False)
+    # finetune.bn=train (the default): the statistics move once the body trains. At lr 0.05 the whole-model
+    # epoch's validation loss explodes (1.9e9) and the run stops as diverged, keeping the head's epoch: 0.005.
+    thawed = fit(recipe_for(image_folder, *common, "train.epochs=3", "finetune.bn=train", "optim.lr=0.005"),
+                 tmp_path / "b", progress=False)
     assert not torch.equal(state_of(thawed.run_dir / "model.pt")["layer1.0.conv1.weight"], start["layer1.0.conv1.weight"])
     assert not torch.equal(state_of(thawed.run_dir / "model.pt")["bn1.running_mean"], start["bn1.running_mean"])
 
@@ -447,7 +448,7 @@ def scale_validation_loss(monkeypatch, factor, from_call):
 def test_a_validation_loss_that_explodes_stops_the_run_as_diverged_keeping_the_best_weights(
         tmp_path, image_folder, monkeypatch, capsys):
     """Issue 41: runs whose validation loss went from 0.6 to 1e5 and 2.5e16 (finite) at the unfreeze ended
-    "completed", model.pt holding the collapsed weights. A validation loss above 4x the lowest so far and
+    "completed", model.pt holding the collapsed weights. A validation loss above 10x the lowest so far and
     above a uniform guess's (ln of the class count) stops the run as diverged; model.pt holds the best epoch's
     weights (best.pt's), the exploded epoch is not recorded, and the run says what it kept."""
     weights, _ = start_weights(tmp_path)
@@ -458,7 +459,7 @@ def test_a_validation_loss_that_explodes_stops_the_run_as_diverged_keeping_the_b
     assert outcome.status == "diverged"
     summary = json.loads((outcome.run_dir / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["epochs_done"] == 1
-    assert "validation loss after epoch 2" in said and "4x the lowest so far" in said
+    assert "validation loss after epoch 2" in said and "10x the lowest so far" in said
     rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [0, 1]
     best = state_of(outcome.run_dir / "checkpoints" / "best.pt")["model"]
