@@ -210,7 +210,10 @@ def test_head_epochs_leave_the_body_and_its_batchnorm_statistics_bit_identical(t
             assert not torch.equal(after[key], value)
         else:
             assert torch.equal(after[key], value), f"{key} changed while frozen"
-    thawed = fit(recipe_for(image_folder, *common, "train.epochs=3"), tmp_path / "b", progress=False)
+    # finetune.bn=train (the default): the statistics move once the body trains. At lr 0.05 the whole-model
+    # epoch's validation loss explodes (1.9e9) and the run stops as diverged, keeping the head's epoch: 0.005.
+    thawed = fit(recipe_for(image_folder, *common, "train.epochs=3", "finetune.bn=train", "optim.lr=0.005"),
+                 tmp_path / "b", progress=False)
     assert not torch.equal(state_of(thawed.run_dir / "model.pt")["layer1.0.conv1.weight"], start["layer1.0.conv1.weight"])
     assert not torch.equal(state_of(thawed.run_dir / "model.pt")["bn1.running_mean"], start["bn1.running_mean"])
 
@@ -328,7 +331,7 @@ def test_the_schedule_counts_epochs_not_the_steps_of_another_loader(tmp_path, im
 # --------------------------------------------------------------------------- where fine-tuning starts
 
 
-def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, image_folder, capsys):
+def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, image_folder, capsys, monkeypatch):
     """A run that learnt the squares (val top-1 1.0), then one epoch of a from-scratch recipe on its weights
     (AdamW 0.2 on every layer from the first step) scores chance: before, that ended "completed" with the
     wrecked weights in model.pt. Now the starting weights are validated as epoch 0 (metrics.jsonl and the
@@ -337,6 +340,18 @@ def test_a_run_from_weights_scores_them_first_and_never_keeps_worse(tmp_path, im
     sets = [*SMALL_CNN, "optim.name=adamw", "optim.weight_decay=0"]
     first = fit(recipe_for(image_folder, *sets, "train.epochs=4", "optim.lr=0.003"), tmp_path / "a", progress=False)
     assert first.summary["last"]["top1"] == 1.0
+    wreck = [*sets, "train.epochs=1", "optim.lr=0.2", f"model.weights={first.run_dir}"]
+    # The wreck's validation loss explodes (2e-06 -> 372): by default the run stops there as diverged and
+    # model.pt keeps the starting weights (epoch 0, the best).
+    stopped = fit(recipe_for(image_folder, *wreck), tmp_path / "c", progress=False)
+    assert stopped.status == "diverged" and stopped.summary["model_epoch"] == 0
+    assert all(torch.equal(value, state_of(stopped.run_dir / "model.pt")[key])
+               for key, value in state_of(first.run_dir / "model.pt").items())
+    # The rule set aside, the run completes worse than it began: the path of a model that scores below its
+    # start without exploding.
+    from inceptionlab.engine import fit as fit_module
+
+    monkeypatch.setattr(fit_module, "EXPLODED", float("inf"))
     capsys.readouterr()
     again = fit(recipe_for(image_folder, *sets, "train.epochs=1", "optim.lr=0.2", f"model.weights={first.run_dir}"),
                 tmp_path / "b", progress=False)
@@ -408,6 +423,59 @@ def test_a_non_finite_validation_loss_stops_the_run_as_diverged(tmp_path, image_
     assert not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip()
 
 
+def scale_validation_loss(monkeypatch, factor, from_call):
+    """The task's validation loss times `factor` from its `from_call`-th evaluation on (each evaluation of a
+    split calls make_task's eval_loss once per batch; the split here is one batch): the training is untouched,
+    so only the rule that reads the validation loss can stop the run."""
+    from inceptionlab.engine import session as engine_session
+
+    real_make_task, calls = engine_session.make_task, []
+
+    def scaled(*args, **kwargs):
+        task = real_make_task(*args, **kwargs)
+        real_eval_loss = task.eval_loss
+
+        def eval_loss(logits, targets):
+            calls.append(1)
+            return real_eval_loss(logits, targets) * (factor if len(calls) >= from_call else 1.0)
+
+        task.eval_loss = eval_loss
+        return task
+
+    monkeypatch.setattr(engine_session, "make_task", scaled)
+
+
+def test_a_validation_loss_that_explodes_stops_the_run_as_diverged_keeping_the_best_weights(
+        tmp_path, image_folder, monkeypatch, capsys):
+    """Issue 41: runs whose validation loss went from 0.6 to 1e5 and 2.5e16 (finite) at the unfreeze ended
+    "completed", model.pt holding the collapsed weights. A validation loss above 10x the lowest so far and
+    above a uniform guess's (ln of the class count) stops the run as diverged; model.pt holds the best epoch's
+    weights (best.pt's), the exploded epoch is not recorded, and the run says what it kept."""
+    weights, _ = start_weights(tmp_path)
+    scale_validation_loss(monkeypatch, 1e4, from_call=3)  # epoch 0 (the start), epoch 1, then epoch 2 explodes
+    outcome = fit(recipe_for(image_folder, *SMALL_CNN, f"model.weights={weights}", "train.epochs=3",
+                             "train.batch_size=32"), tmp_path / "runs", progress=False)
+    said = capsys.readouterr().out
+    assert outcome.status == "diverged"
+    summary = json.loads((outcome.run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["epochs_done"] == 1
+    assert "validation loss after epoch 2" in said and "10x the lowest so far" in said
+    rows = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [0, 1]
+    best = state_of(outcome.run_dir / "checkpoints" / "best.pt")["model"]
+    kept = state_of(outcome.run_dir / "model.pt")
+    assert all(torch.equal(kept[key], value) for key, value in best.items())
+
+
+def test_a_validation_loss_that_rises_a_few_times_is_not_divergence(tmp_path, image_folder, monkeypatch):
+    """Overfitting raises the validation loss by a small factor: the run goes on (3x here)."""
+    weights, _ = start_weights(tmp_path)
+    scale_validation_loss(monkeypatch, 3.0, from_call=3)
+    outcome = fit(recipe_for(image_folder, *SMALL_CNN, f"model.weights={weights}", "train.epochs=2",
+                             "train.batch_size=32"), tmp_path / "runs", progress=False)
+    assert outcome.status == "completed"
+
+
 # --------------------------------------------------------------------------- BatchNorm, a policy of the stage
 
 
@@ -463,3 +531,40 @@ def test_the_feature_cache_says_what_it_saves_once_and_only_when_it_saves(tmp_pa
     assert "saves 2 passes of the frozen body over both splits (about " in three and " s in all" in three
     again = features_line(f"model.weights={other}", "train.epochs=3")
     assert "read from" in again and "saves 3 passes of the frozen body over both splits" in again
+
+
+def head_inputs(model, head_name, images):
+    """What the head receives for `images` in the model's current mode (a forward hook on the head)."""
+    seen = []
+    handle = model.get_submodule(head_name).register_forward_hook(lambda module, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        model(images)
+    handle.remove()
+    return seen[0]
+
+
+def test_the_head_meets_at_the_unfreeze_the_features_it_was_trained_on(tmp_path, image_folder):
+    """Issue 41: head-first-then-whole runs from real Inception weights collapsed at the unfreeze (val 0.82 ->
+    chance, val loss 2.5e16). The head trained on cached features of the body in eval mode (running
+    statistics); at the unfreeze the default BatchNorm policy switched to batch statistics, and at batch 4 the
+    pooled features it met had cosine 0.455 to those it was trained on. With finetune.bn=auto, a body from
+    weights whose running statistics differ from its batch statistics (a fresh resnet18's are 0 and 1) hands the
+    head the same features after the unfreeze, in training mode, as the cached ones."""
+    from inceptionlab.engine.finetune import Stages
+    from inceptionlab.engine.session import build_training_session
+
+    weights, _ = start_weights(tmp_path, "resnet18")
+    s = build_training_session(recipe_for(image_folder, *RESNET, f"model.weights={weights}", "finetune.bn=auto",
+                                          "finetune.freeze_epochs=1", "train.epochs=2", "train.batch_size=4"))
+    torch.manual_seed(0)
+    images = torch.randn(4, 3, 32, 32)
+    s.model.eval()
+    cached = head_inputs(s.model, "fc", images)
+    stages = Stages(s, s.wrap, lambda line: None)
+    whole = stages.for_epoch(1)
+    assert whole.name == "all"
+    whole.train_mode(whole.runner)
+    met = head_inputs(s.model, "fc", images)
+    cosine = torch.nn.functional.cosine_similarity(met, cached).min().item()
+    assert cosine > 0.999, f"the head meets other features at the unfreeze: cosine {cosine:.3f} to its training's"
+    assert torch.allclose(met, cached, atol=1e-5)

@@ -250,3 +250,25 @@ def test_the_fine_tuning_pages_example_is_what_the_command_prints_for_such_curve
     results = {"head": range_test(replay(curve(15, 49)), lrs, "head"), "body": range_test(replay(curve(40, 54)), lrs, "body")}
     lines = summary_lines(results, recommendation(results), Path("runs/lr-find/x/lr_find.png"))
     check_example("fine-tuning-lr-find", "\n".join(lines))
+
+
+def test_the_whole_models_range_test_runs_batchnorm_as_the_run_will(image_folder, tmp_path):
+    """The body's range test trained every BatchNorm layer on batch statistics (plain `train()`), while a run
+    from trained weights keeps their running statistics (finetune.bn=auto: frozen, issue 41): the rate it
+    suggested was measured on another model. Its steps now enter the mode the whole-model epochs enter."""
+    import torchvision
+
+    from inceptionlab.engine.lr_find import _data_path
+    from inceptionlab.engine.session import build_training_session
+
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), tmp_path / "start.pt")
+    s = build_training_session(load_recipe("inception_v3/imagefolder", [
+        *FAST, f"data.root={image_folder}", "model.name=resnet18", f"model.weights={tmp_path / 'start.pt'}",
+        "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32", "finetune.bn=auto"]))
+    assert s.recipe.finetune.bn == "frozen"
+    path = _data_path(s, "body", lambda line: None)
+    path.train_mode(path.runner)
+    body_norms = [m for name, m in s.model.named_modules()
+                  if isinstance(m, torch.nn.BatchNorm2d) and not name.startswith("fc")]
+    assert body_norms and not any(m.training for m in body_norms)

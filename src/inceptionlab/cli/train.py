@@ -73,6 +73,8 @@ def train(
         print(f"run directory: {outcome.run_dir}")
     if outcome.status == "interrupted":
         raise typer.Exit(130)
+    if outcome.status == "diverged":  # the exit code of a diverged run (errors.py), its best weights kept
+        raise typer.Exit(3)
 
 
 def _data_warning(recipe: object) -> None:

@@ -36,7 +36,7 @@ def recipe_choices(recipe: Recipe) -> list[tuple[str, str, Iterable[str]]]:
         ("train.best_metric", recipe.train.best_metric, EPOCH_METRICS),
         ("data.reader", recipe.data.reader, [*READERS, *ARRAY_READERS]),
         ("data.loader", recipe.data.loader, LOADERS),
-        ("finetune.bn", recipe.finetune.bn, BN_POLICIES),
+        ("finetune.bn", recipe.finetune.bn, ["auto", *BN_POLICIES]),
     ]
 
 

@@ -7,7 +7,9 @@ A run that starts from weights measures where it starts: before its first step i
 epoch 0 (a metrics row, the output, a checkpoint), and that score competes for best.pt. It never keeps
 weights worse than that: when its last epoch scores below the start on train.best_metric, model.pt
 (and the test split's score, the plots) take best.pt's weights instead, and the run says so. A
-non-finite validation loss stops the run as diverged, as a non-finite training loss does.
+non-finite validation loss stops the run as diverged, as a non-finite training loss does; so does a finite
+one that explodes (`exploded`): the run ends there, its summary says diverged, and model.pt holds the best
+epoch's weights.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ from inceptionlab.errors import UserError
 from inceptionlab.models.weights import read_state_dict
 
 DIVERGED_ADVICE = "try a lower optim.lr, train.precision=fp32 or train.grad_clip_norm=1.0"
+# A finite validation loss has exploded when it is above EXPLODED x the lowest validation loss of the run so far
+# AND above a uniform guess's (ln of the class count): the model then knows less than nothing about the
+# classes. Issue 41's collapses went from 0.6 to 1e5 and 2.5e16 in one epoch. 10, not 4 (fastai's range-test
+# factor): at 4 the suite's small fine-tunes (a head at lr 0.1 on 32 photos: 1.67 -> 15.7, 9.4x, then
+# learning) stopped as diverged. It lets through EfficientNet-Lite0's whole model at lr 0.01 on 10
+# tiny-imagenet classes, 0.45 -> 2.52 (5.5x) and top-1 0.855 -> 0.10 in one epoch: model.pt kept epoch 0
+# there by the never-worse-than-the-start rule. Overfitting raises a validation loss by a small factor over
+# many epochs, and an easy task's loss of 0.02 rising to 0.3 stays under ln(C) and goes on.
+EXPLODED = 10.0
 
 
 class StopSignal:
@@ -71,7 +82,7 @@ def ctrl_c_requests_stop(stop: StopSignal, say: Callable[[str], None]) -> Iterat
 @dataclass
 class Outcome:
     run_dir: Path
-    status: str  # completed | early_stopped | interrupted (summary.json also knows diverged)
+    status: str  # completed | early_stopped | interrupted | diverged (a finite validation loss exploded)
     summary: dict[str, Any]
 
 
@@ -85,6 +96,7 @@ class BestTracker:
     summary: dict[str, Any] | None = None  # the evaluation of the best epoch
     start: float | None = None  # the starting weights' value (epoch 0), when the run validated them
     last: float | None = None  # the last epoch's value
+    lowest_loss: float | None = None  # the lowest validation loss so far (the explosion rule's reference)
 
     @property
     def minimise(self) -> bool:
@@ -104,6 +116,9 @@ class BestTracker:
         self.last = value
         return better
 
+    def saw_loss(self, loss: float) -> None:
+        self.lowest_loss = loss if self.lowest_loss is None else min(self.lowest_loss, loss)
+
     def worse_than_start(self) -> bool:
         """The last epoch scored below the starting weights (strictly, without min_delta)."""
         if self.start is None or self.last is None:
@@ -112,11 +127,12 @@ class BestTracker:
 
     def state(self) -> dict[str, Any]:
         return {"value": self.value, "epoch": self.epoch, "stale_epochs": self.stale_epochs, "start": self.start,
-                "last": self.last}
+                "last": self.last, "lowest_loss": self.lowest_loss}
 
     def load(self, point: ResumePoint) -> None:
         self.value, self.epoch, self.stale_epochs = point.best["value"], point.best["epoch"], point.best["stale_epochs"]
         self.start, self.last = point.best.get("start"), point.best.get("last")
+        self.lowest_loss = point.best.get("lowest_loss")
         self.summary = point.best_summary
 
     def point(self, epoch: int, step: int) -> ResumePoint:
@@ -197,8 +213,7 @@ def _fit(s: TrainingSession, recipe: Recipe, out: Path, resume: Path | None, pro
             result, steps_in_epoch = _train_epoch(r, epoch, first_step, stage)
             if _stopped_mid_epoch(r, epoch, first_step + result.steps, steps_in_epoch, result):
                 break
-            _validate(r, epoch + 1, result, stage)
-            if _should_end(r, epoch + 1, result):
+            if not _validate(r, epoch + 1, result, stage) or _should_end(r, epoch + 1, result):
                 break
     return Outcome(r.artifacts.run.path, r.status, _finish(r, time.perf_counter() - wall_start))
 
@@ -285,8 +300,9 @@ def _rates(s: TrainingSession) -> dict[str, float]:
     return rates
 
 
-def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> None:
-    """Evaluate, then record the epoch: metrics row, best tracking, checkpoints, the epoch line."""
+def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> bool:
+    """Evaluate, then record the epoch: metrics row, best tracking, checkpoints, the epoch line. False when
+    the validation loss exploded: the run ends as diverged, the epoch unrecorded (last.pt the last good one)."""
     s = r.s
     if s.threads is not None:
         s.threads.update()  # the load may have changed during the epoch
@@ -297,10 +313,22 @@ def _validate(r: _Run, epoch: int, result: EpochResult, stage: Stage) -> None:
         broadcast_buffers(s.ema.module, s.dist)  # every rank scores and keeps rank 0's average
         raw, val = val, evaluate(stage.view(s.ema.module), stage.val_loader, s.task, stage.settings)
     _check_finite(r, epoch, val, raw)
+    if exploded(val["loss"], r.best.lowest_loss, len(s.spec.class_names)):
+        r.status = "diverged"
+        r.report.say(f"diverged: the validation loss after epoch {epoch} is {val['loss']:.4g}, over {EXPLODED:g}x the "
+                     f"lowest so far ({r.best.lowest_loss:.4g}) and over a uniform guess's; the run stops here "
+                     f"(val_top1 {val['top1']:.4f}, not recorded); {DIVERGED_ADVICE}")
+        return False
     row = _epoch_row(epoch, s, result, val, r.lr or {}, raw)
     _record(r, epoch, row, val)
     unit = "img/s" if s.spec.input_kind == "image" else "samples/s"  # metrics.jsonl keeps its images_per_s key
     r.report.say(epoch_line(row, s.recipe.train.epochs, s.train_loader.skipped + s.val_loader.skipped, unit))
+    return True
+
+
+def exploded(loss: float, lowest: float | None, classes: int) -> bool:
+    """A finite validation loss far above the run's lowest and above a uniform guess's (EXPLODED says why)."""
+    return lowest is not None and loss > max(EXPLODED * lowest, math.log(max(classes, 2)))
 
 
 def _validate_start(r: _Run, stage: Stage) -> None:
@@ -322,6 +350,7 @@ def _record(r: _Run, epoch: int, row: dict[str, Any], val: dict[str, Any]) -> No
     s = r.s
     r.last = _eval_summary(epoch, s, val)
     metric = r.best.metric
+    r.best.saw_loss(float(val["loss"]))
     improved = metric in row and r.best.update(float(row[metric]), epoch, r.last)  # a valid key: engine/choices.py
     r.artifacts.epoch(s, row, val["confusion"], _resume_point(r, epoch, 0), improved)
 
@@ -376,15 +405,26 @@ def _kept_epoch(r: _Run) -> int | None:
     best epoch's (best.pt, the start among the candidates), loaded into the model the run saves and said."""
     s, best = r.s, r.best
     last_epoch = r.last["epoch"] if r.last else None
+    if r.status == "diverged" and best.epoch is not None:  # the model holds the exploded epoch's weights
+        _load_best(r)
+        r.report.say(f"model.pt: the weights of epoch {best.epoch} ({best.metric} {best.value:.4f}), the best before "
+                     "the validation loss exploded")
+        return best.epoch
     if not best.worse_than_start() or best.epoch is None or best.epoch == last_epoch:
         return last_epoch
-    if s.dist.is_main:
-        s.inference_model().load_state_dict(read_state_dict(r.artifacts.run.best)[0])
-    broadcast_state(s.inference_model(), s.dist)  # every rank scores the test split with rank 0's file
+    _load_best(r)
     metric = best.metric
     r.report.say(f"model.pt: the weights of epoch {best.epoch} ({metric} {best.value:.4f}), not the last epoch's "
                  f"({best.last:.4f}), which scored below the starting weights ({best.start:.4f} at epoch 0)")
     return best.epoch
+
+
+def _load_best(r: _Run) -> None:
+    """best.pt's weights into the model the run saves and scores."""
+    s = r.s
+    if s.dist.is_main:
+        s.inference_model().load_state_dict(read_state_dict(r.artifacts.run.best)[0])
+    broadcast_state(s.inference_model(), s.dist)  # every rank scores the test split with rank 0's file
 
 
 def _interrupted_early(r: _Run, when: str) -> UserError:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from inceptionlab.engine import batchnorm
 from inceptionlab.engine import features as feature_cache
 from inceptionlab.engine.loop import StepSettings, train_step
 from inceptionlab.engine.optim import build_optimizer
@@ -157,8 +158,14 @@ def _data_path(s: TrainingSession, part: str, say: Callable[[str], None]) -> _Da
             head = s.model.get_submodule(head_name)
             train, _ = feature_cache.feature_loaders(s, cached)
             return _DataPath(s.wrap(head), train, feature_cache.feature_settings(s), torch.nn.Module.train)
-    if part == "body":
-        return _DataPath(s.wrap(s.model), s.train_loader, s.settings, torch.nn.Module.train)
+    if part == "body":  # the whole-model epochs' mode: BatchNorm as finetune.bn says (frozen from trained weights)
+        policy, apart = s.recipe.finetune.bn, (*s.parts.head_modules, *s.parts.aux_modules)
+
+        def whole(runner: torch.nn.Module) -> None:
+            runner.train()
+            batchnorm.apply_policy(policy, s.model, apart)
+
+        return _DataPath(s.wrap(s.model), s.train_loader, s.settings, whole)
     heads = [s.model.get_submodule(n) for n in s.parts.head_modules]
 
     def head_only(runner: torch.nn.Module) -> None:  # the frozen body's policy: eval mode, statistics kept

@@ -25,6 +25,7 @@ from inceptionlab.data.loading.loaders import Loader, cap_samples, device_bytes,
 from inceptionlab.data.loading.sampler import class_counts, draw_weights, inverse_frequency, split_targets
 from inceptionlab.data.readers import READERS, read_splits
 from inceptionlab.data.transforms.device import pass_normalised
+from inceptionlab.engine import batchnorm
 from inceptionlab.engine.batch_size import resolve_batch_sizes
 from inceptionlab.engine.choices import check_recipe
 from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed, normaliser_over_ranks
@@ -164,6 +165,8 @@ class SessionBuilder:
         head-only epochs are skipped (a linear probe of one is refused); trained weights given to a recipe
         written for training from scratch are warned about by name (fit validates them as epoch 0)."""
         recipe, self.policy_notes = self.recipe, []
+        bn = batchnorm.resolve_auto(recipe.finetune.bn, self.built.pretrained is not None)
+        recipe = self.recipe = replace(recipe, finetune=replace(recipe.finetune, bn=bn))  # recipe.resolved.yaml
         freeze = recipe.finetune.freeze_epochs
         probe = freeze >= recipe.train.epochs or recipe.finetune.body_lr_mult == 0  # the body never trains
         if self.built.pretrained is None and probe:
