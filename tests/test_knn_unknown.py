@@ -8,27 +8,16 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers.calibration_run import calibration_run
+from helpers.calibration_run import calibration_run, evaluate_json, spec_of
 
 from inceptionlab.judge.unknown import UnknownTarget, auroc, energy_score, fpr_at
 from inceptionlab.models.knn import FAR, KnnRule, kth_distance, normalised
 from inceptionlab.models.rule import UNSURE, DecisionRule
-from inceptionlab.models.spec import ModelSpec
 
 
 @pytest.fixture
 def run(tmp_path_factory, tmp_path):
     return calibration_run(tmp_path_factory).copy(tmp_path)
-
-
-def evaluate_json(cli, *args):
-    result = cli("evaluate", *args, "--json")
-    assert result.code == 0, result.err
-    return json.loads(result.out)
-
-
-def spec_of(run) -> ModelSpec:
-    return ModelSpec.load(run.run_dir / "spec.json")
 
 
 # --------------------------------------------------------------------------- the score

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers.calibration_run import calibration_run
+from helpers.calibration_run import calibration_run, evaluate_json, spec_of
 from helpers.page_examples import check_example
 from test_serve_browser import browser  # noqa: F401  (the fixture: a headless chromium per test)
 
@@ -20,16 +20,6 @@ from inceptionlab.models.spec import ModelSpec
 @pytest.fixture
 def run(tmp_path_factory, tmp_path):
     return calibration_run(tmp_path_factory).copy(tmp_path)
-
-
-def evaluate_json(cli, *args):
-    result = cli("evaluate", *args, "--json")
-    assert result.code == 0, result.err
-    return json.loads(result.out)
-
-
-def spec_of(run) -> ModelSpec:
-    return ModelSpec.load(run.run_dir / "spec.json")
 
 
 def test_evaluate_fits_the_temperature_on_validation_logits_and_saves_it(run, cli):

@@ -8,6 +8,7 @@ images are uniform noise and grey squares: colours of none of the classes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,9 @@ import numpy as np
 from helpers.small_runs import SETTINGS, copy_run_dir, small_run
 from PIL import Image
 
-__all__ = ["SETTINGS", "CalibrationRun", "calibration_run", "write_outside_images"]
+from inceptionlab.models.spec import ModelSpec
+
+__all__ = ["SETTINGS", "CalibrationRun", "calibration_run", "evaluate_json", "spec_of", "write_outside_images"]
 
 
 @dataclass(frozen=True)
@@ -49,3 +52,14 @@ def calibration_run(tmp_path_factory) -> CalibrationRun:
     if "outside" not in _OUTSIDE:
         _OUTSIDE["outside"] = write_outside_images(tmp_path_factory.mktemp("outside") / "outside")
     return CalibrationRun(run.run_dir, run.data, _OUTSIDE["outside"])
+
+
+def evaluate_json(cli, *args) -> dict:
+    """`evaluate ARGS --json`'s report, the command having succeeded."""
+    result = cli("evaluate", *args, "--json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+def spec_of(run: CalibrationRun) -> ModelSpec:
+    return ModelSpec.load(run.run_dir / "spec.json")

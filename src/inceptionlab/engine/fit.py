@@ -403,7 +403,7 @@ def _finish(r: _Run, seconds: float) -> dict[str, Any]:
 def _kept_epoch(r: _Run) -> int | None:
     """The epoch whose weights the run keeps: the last, unless it scored below the starting weights; then the
     best epoch's (best.pt, the start among the candidates), loaded into the model the run saves and said."""
-    s, best = r.s, r.best
+    best = r.best
     last_epoch = r.last["epoch"] if r.last else None
     if r.status == "diverged" and best.epoch is not None:  # the model holds the exploded epoch's weights
         _load_best(r)
