@@ -218,6 +218,17 @@ def wilson_interval(successes: int, trials: int, z: float = WILSON_Z) -> tuple[f
 # --------------------------------------------------------------------------------------- the reject threshold
 
 
+def parse_share(where: str, kind: str, value: str) -> float:
+    """A share in (0, 1] as an option gives it ('0.95' or '95%'), or a one-line error naming `where`."""
+    try:
+        number = float(value.strip().rstrip("%")) / (100 if value.strip().endswith("%") else 1)
+    except ValueError:
+        raise UserError(f"{where}: {value!r} is not a number") from None
+    if not 0 < number <= 1:
+        raise UserError(f"{where}: the {kind} must be in (0, 1], e.g. {kind}=0.95")
+    return number
+
+
 @dataclass(frozen=True)
 class RejectTarget:
     """What the user asks of the threshold: answered images this accurate, or this many answered."""
@@ -233,13 +244,7 @@ class RejectTarget:
         if not sep or kind not in TARGETS:
             raise UserError(f"--reject {text!r}: give precision=P (answered images at least P accurate) or "
                             "coverage=C (answer at least a share C of images), e.g. precision=0.95")
-        try:
-            number = float(value.strip().rstrip("%")) / (100 if value.strip().endswith("%") else 1)
-        except ValueError:
-            raise UserError(f"--reject {text!r}: {value!r} is not a number") from None
-        if not 0 < number <= 1:
-            raise UserError(f"--reject {text!r}: the {kind} must be in (0, 1], e.g. {kind}=0.95")
-        return cls(kind, number)
+        return cls(kind, parse_share(f"--reject {text!r}", kind, value))
 
     def __str__(self) -> str:
         return f"{self.kind}={self.value:g}"

@@ -32,7 +32,7 @@ from scipy.stats import rankdata
 
 from inceptionlab.engine.features import cache_folder, feature_key, load_or_extract
 from inceptionlab.errors import UserError
-from inceptionlab.judge.calibrate import RejectTarget, choose_threshold
+from inceptionlab.judge.calibrate import RejectTarget, choose_threshold, parse_share
 from inceptionlab.models.knn import KnnRule, choose_k, bank_rows, kth_distance, normalised, save_bank
 from inceptionlab.models.rule import calibrated_probabilities
 
@@ -52,13 +52,7 @@ class UnknownTarget:
         if not sep or kind.strip().lower() != "coverage":
             raise UserError(f"--unknown {text!r}: give coverage=C (the share of validation images answered by the "
                             "kNN rule), e.g. --unknown coverage=0.95, or none to drop it")
-        try:
-            number = float(value.strip().rstrip("%")) / (100 if value.strip().endswith("%") else 1)
-        except ValueError:
-            raise UserError(f"--unknown {text!r}: {value!r} is not a number") from None
-        if not 0 < number <= 1:
-            raise UserError(f"--unknown {text!r}: the coverage must be in (0, 1], e.g. coverage=0.95")
-        return cls(number)
+        return cls(parse_share(f"--unknown {text!r}", "coverage", value))
 
     def __str__(self) -> str:
         return f"coverage={self.coverage:g}"
