@@ -76,7 +76,7 @@ def test_fine_tuning_stages_under_ddp_keep_the_ranks_identical(tmp_path):
     weights, _ = start_weights(tmp_path, "resnet18")  # a frozen body comes from weights (a random one is not frozen)
     proc = torchrun_two_ranks(FINETUNE_HELPER, out, images, weights, timeout=400)
     ranks = rank_records(out)
-    assert ranks[0]["status"] == ranks[1]["status"] == "completed"
+    assert ranks[0]["status"] == ranks[1]["status"] == "completed", proc.stdout[-1500:]
     assert ranks[0]["model"] == ranks[1]["model"] and ranks[0]["ema"] == ranks[1]["ema"]
     assert sorted(rank["extracted"] for rank in ranks) == [0, 2]  # train and val, by one rank
     assert [rank["barriers"] for rank in ranks] == [0, 0]
