@@ -79,6 +79,9 @@ class Arm:
     name: str
     what: str
     sets: tuple[str, ...]  # {epochs} is the run's epoch count
+    # The recipe's own values and the arm's only: just the model, its weights and the data are given besides (no
+    # COMMON, --lr, --epochs or preprocessing).
+    recipe_only: bool = False
 
 
 ARMS = {
@@ -87,6 +90,11 @@ ARMS = {
     "head_then_whole": Arm("head_then_whole", "head 2 epochs (cached features), then all: warm-up 1, layer decay 0.75",
                            ("finetune.freeze_epochs=2", "schedule.warmup_epochs=1", "finetune.layer_decay=0.75")),
     "whole": Arm("whole", "every layer at one rate from the start, warm-up 1", ("schedule.warmup_epochs=1",)),
+    # The linear-probe settings docs/fine-tuning.md recommends for real weights (lr 0.03, cosine, label smoothing
+    # 0.1, 6 epochs), with nothing else given: no COMMON, --lr or --epochs, the preprocessing from the weights.
+    "probe_recommended": Arm("probe_recommended", "linear probe, the recommended settings (lr 0.03, cosine, smoothing 0.1, 6 epochs)",
+                         ("finetune.body_lr_mult=0", "optim.lr=0.03", "schedule.name=cosine", "train.label_smoothing=0.1",
+                          "train.epochs=6"), recipe_only=True),
 }
 
 
@@ -160,8 +168,11 @@ def task_folder(task: str, data: Path, work: Path, val_per_class: int, smoke: bo
 
 def run_arm(task: str, model: str, arm: Arm, folder: Path, reads: list[str], args: argparse.Namespace) -> dict[str, Any]:
     top1, top5, walls, zero = [], [], [], []
-    sets = [*COMMON, *MODELS[model], f"data.root={folder}", *reads, f"train.epochs={args.epochs}", f"optim.lr={args.lr}",
-            *[s.format(epochs=args.epochs) for s in arm.sets], *args.set]
+    if arm.recipe_only:
+        sets = [*MODELS[model][:2], f"data.root={folder}", *reads, *arm.sets, *args.set]
+    else:
+        sets = [*COMMON, *MODELS[model], f"data.root={folder}", *reads, f"train.epochs={args.epochs}",
+                f"optim.lr={args.lr}", *[s.format(epochs=args.epochs) for s in arm.sets], *args.set]
     for seed in range(args.seeds):
         summary = train([*sets, f"train.seed={seed}"], args.work / "runs" / task / model / arm.name)
         rows = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
@@ -174,10 +185,16 @@ def run_arm(task: str, model: str, arm: Arm, folder: Path, reads: list[str], arg
               f"epochs {[round(r['val_top1'], 3) for r in rows]}", flush=True)
     command = shlex.join(["inceptionlab", "train", "inception_v3/imagefolder",
                           *[x for s in [*sets, "train.seed=SEED"] for x in ("--set", s)]])
-    return {"task": task, "model": model, "arm": arm.name, "what": arm.what, "n": len(top1), "epochs": args.epochs,
-            "lr": args.lr, "top1": describe(top1), "top5": describe(top5), "wall_s": statistics.mean(walls),
+    return {"task": task, "model": model, "arm": arm.name, "what": arm.what, "n": len(top1),
+            "epochs": int(last_value(sets, "train.epochs")), "lr": float(last_value(sets, "optim.lr")),
+            "top1": describe(top1), "top5": describe(top5), "wall_s": statistics.mean(walls),
             "seeds_top1": top1, "start_top1": zero[0], "seen_by_imagenet": TASKS[task].seen_by_imagenet,
-            "command": command}
+            "val_per_class": args.val_per_class, "command": command}
+
+
+def last_value(sets: list[str], key: str) -> str:
+    """The value a run gets for KEY: the last --set naming it wins, as in the CLI."""
+    return [s.split("=", 1)[1] for s in sets if s.startswith(key + "=")][-1]
 
 
 def zero_shot_row(probe: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +203,7 @@ def zero_shot_row(probe: dict[str, Any]) -> dict[str, Any]:
             "n": 1, "top1": f"{probe['start_top1']:.3f}", "top5": None, "wall_s": None, "seeds_top1": [probe["start_top1"]]}
 
 
-COLUMNS = [("task", "task"), ("model", "model"), ("arm", "arm"), ("epochs", "epochs"), ("lr", "lr"), ("n", "seeds"),
+COLUMNS = [("task", "task"), ("val_per_class", "val images per class"), ("model", "model"), ("arm", "arm"), ("epochs", "epochs"), ("lr", "lr"), ("n", "seeds"),
            ("top1", "val top-1, mean +- std"), ("wall_s", "s per run", ".0f"), ("seen_by_imagenet", "ImageNet saw these classes")]
 
 
@@ -236,18 +253,33 @@ def main() -> None:
                  details={"seconds": time.perf_counter() - start, "uptime": os.getloadavg()})
 
 
+# Values a part may add that change no accuracy (speed settings, the same input written another way) and so
+# stay out of its rows' arm labels.
+SAME_RESULT = ("data.loader", "data.num_workers", "data.train_crop_size", "data.val_", "data.interpolation", "data.mean",
+               "data.std", "train.precision", "train.channels_last", "train.compile", "model.aux_loss_weight")
+
+
+def arm_label_extra(part: dict[str, Any]) -> str:
+    """What a part's --set values change, for its rows' arm label: " (finetune.bn=train, optim.lr=0.05)"."""
+    sets = [s for s in part.get("settings", {}).get("set") or [] if not s.startswith(SAME_RESULT)]
+    if not sets and "finetune.bn=train" in part["command"]:  # the part that ran it before --set was recorded
+        sets = ["finetune.bn=train"]
+    return f" ({', '.join(sets)})" if sets else ""
+
+
 def combine(paths: list[Path]) -> None:
     """One result of several parts run apart (a 2-core machine runs them one after the other as time allows)."""
     parts = [json.loads(path.read_text()) for path in paths]
     rows, seen = [], set()
     for part in parts:
-        extra = " (finetune.bn=train)" if "finetune.bn=train" in part["command"] else ""
+        extra = arm_label_extra(part)
         for row in part["rows"]:
             key = (row["task"], row["model"], row["arm"]) if row["arm"] == "zero_shot" else None
             if key is not None and key in seen:  # the probe's epoch 0: the same for every rate
                 continue
             seen.add(key)
-            rows.append({**row, "arm": row["arm"] + extra, "part": part["benchmark"]})
+            rows.append({"val_per_class": part["settings"].get("val_per_class"), **row, "arm": row["arm"] + extra,
+                         "part": part["benchmark"]})
     title = ("Fine-tuning from real ImageNet weights, validation top-1 (tiny-imagenet: classes ImageNet has seen, "
              "20 labels per class; Fashion-MNIST: unseen); each part's command and settings are in the file")
     write_result("transfer_real", rows, title=title, columns=COLUMNS, settings={"parts": [str(p) for p in paths]},
