@@ -421,6 +421,26 @@ def test_the_imagefolder_recipe_as_it_ships_is_a_linear_probe_of_trained_weights
                                                                         "model.weights=null"]))
 
 
+@pytest.mark.parametrize("augment", [["augment.policy=trivialaugment"], ["augment.mixup_alpha=0.2"]],
+                         ids=["policy", "mixup"])
+def test_asked_for_augmentation_is_not_dropped_by_the_feature_cache(tmp_path, image_folder, capsys, augment):
+    """The probe's cached features are the eval view of each image, and their step does not mix: with
+    augment.* set, finetune.feature_cache=auto trains the head through the frozen body instead, and says so;
+    =true with augmentation is refused before any work. (Before, the imagefolder recipe's probe with
+    training.md's augmentation example silently trained on unaugmented, unmixed features.)"""
+    from inceptionlab.errors import UserError
+
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), tmp_path / "start.pt")
+    probe = [*RESNET, f"model.weights={tmp_path / 'start.pt'}", "finetune.body_lr_mult=0", *augment]
+    outcome = fit(recipe_for(image_folder, *probe), tmp_path / "a", progress=False)
+    out = capsys.readouterr().out
+    assert "features" not in outcome.summary
+    assert f"features: not cached: {augment[0]} changes" in out, out
+    with pytest.raises(UserError, match=r"finetune.feature_cache=true.*augment.*finetune.feature_cache=auto"):
+        recipe_for(image_folder, *probe, "finetune.feature_cache=true")
+
+
 def test_a_fine_tuning_recipe_from_weights_is_not_warned_about(tmp_path, image_folder):
     from inceptionlab.engine.session import build_training_session
 
