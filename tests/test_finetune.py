@@ -428,6 +428,7 @@ def test_asked_for_augmentation_is_not_dropped_by_the_feature_cache(tmp_path, im
     augment.* set, finetune.feature_cache=auto trains the head through the frozen body instead, and says so;
     =true with augmentation is refused before any work. (Before, the imagefolder recipe's probe with
     training.md's augmentation example silently trained on unaugmented, unmixed features.)"""
+    from inceptionlab.engine.session import build_training_session
     from inceptionlab.errors import UserError
 
     torch.manual_seed(0)
@@ -438,7 +439,7 @@ def test_asked_for_augmentation_is_not_dropped_by_the_feature_cache(tmp_path, im
     assert "features" not in outcome.summary
     assert f"features: not cached: {augment[0]} changes" in out, out
     with pytest.raises(UserError, match=r"finetune.feature_cache=true.*augment.*finetune.feature_cache=auto"):
-        recipe_for(image_folder, *probe, "finetune.feature_cache=true")
+        build_training_session(recipe_for(image_folder, *probe, "finetune.feature_cache=true"))
 
 
 def test_a_fine_tuning_recipe_from_weights_is_not_warned_about(tmp_path, image_folder):

@@ -224,6 +224,15 @@ class AugmentConfig:
         """A policy or erasing runs on each training image after the crop."""
         return self.policy != "none" or self.random_erasing > 0
 
+    def on(self) -> list[str]:
+        """The augmentations asked for, as their settings: ["augment.policy=trivialaugment", ...]."""
+        found = [f"augment.policy={self.policy}"] if self.policy != "none" else []
+        found += [f"augment.random_erasing={self.random_erasing:g}"] if self.random_erasing > 0 else []
+        if self.mixes:
+            found += [f"augment.{name}_alpha={alpha:g}" for name, alpha in
+                      (("mixup", self.mixup_alpha), ("cutmix", self.cutmix_alpha)) if alpha > 0]
+        return found
+
 
 @dataclass
 class TrainConfig:

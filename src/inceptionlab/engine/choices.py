@@ -62,6 +62,13 @@ def conflicts(recipe: Recipe) -> list[tuple[tuple[str, ...], str]]:
                       f"augment.policy and augment.random_erasing act on image folders; data.reader="
                       f"{recipe.data.reader} is served as arrays without per-image transforms: "
                       "set augment.policy=none and augment.random_erasing=0"))
+    tune = recipe.finetune
+    if tune.feature_cache is True and recipe.augment.on() and (tune.freeze_epochs or tune.body_lr_mult == 0):
+        found.append((("finetune.feature_cache", "augment.policy", "augment.random_erasing", "augment.mixup_alpha",
+                       "augment.cutmix_alpha"),
+                      f"finetune.feature_cache=true trains the head-only epochs on one cached eval view of each "
+                      f"image, where {', '.join(recipe.augment.on())} would not act: set finetune.feature_cache=auto "
+                      "(the head then trains through the frozen body, augmented) or drop the augmentation"))
     if recipe.augment.mixes and recipe.task != "multiclass":
         found.append((("augment.mixup_alpha", "augment.cutmix_alpha", "task"),
                       f"augment.mixup_alpha and augment.cutmix_alpha mix the targets of a multiclass task, "

@@ -52,6 +52,7 @@ from inceptionlab.models.penultimate import captured
 from inceptionlab.runtime import autocast
 
 if TYPE_CHECKING:
+    from inceptionlab.config import Recipe
     from inceptionlab.engine.session import TrainingSession
 
 FEATURES_VERSION = 1
@@ -178,6 +179,19 @@ def exact_head(s: TrainingSession) -> str | None:
     same answer on every rank: the probe input is the same everywhere); None when it does not."""
     head_name = s.parts.head_modules[0]
     return head_name if head_is_exact(s.model, s.model.get_submodule(head_name), probe_input(s)) else None
+
+
+def allowed(recipe: Recipe) -> bool:
+    """Whether the head-only epochs may train on cached features: finetune.feature_cache is not false, and
+    under auto no augmentation was asked for (the cache holds one unaugmented view of each image and its
+    step never mixes; =true with augmentation is refused by engine/choices)."""
+    wanted = recipe.finetune.feature_cache
+    return wanted is True or (wanted == "auto" and not recipe.augment.on())
+
+
+def augmented_line(recipe: Recipe) -> str:
+    return (f"features: not cached: {', '.join(recipe.augment.on())} changes each training image every epoch, and "
+            "the cache holds one unaugmented view; the head trains through the frozen body")
 
 
 def not_used_line(s: TrainingSession) -> str:

@@ -78,8 +78,7 @@ class Stages:
         s = self.s
         if epoch >= self.head_epochs:
             return "all"
-        wanted = s.recipe.finetune.feature_cache
-        return "head-features" if wanted is not False and self._exact is not False else "head"
+        return "head-features" if feature_cache.allowed(s.recipe) and self._exact is not False else "head"
 
     def for_epoch(self, epoch: int) -> Stage:
         kind = self.kind(epoch)
@@ -110,6 +109,8 @@ class Stages:
         self._release()
         self._set_trainable(kind)
         runner = self.wrap(s.model)
+        if kind == "head" and s.recipe.finetune.feature_cache is not False and not feature_cache.allowed(s.recipe):
+            self.say(feature_cache.augmented_line(s.recipe))
         self._say_stage(kind)
         return Stage(kind, runner, s.train_loader, s.val_loader, s.settings, self._train_mode(kind), _whole)
 

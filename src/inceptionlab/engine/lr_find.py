@@ -148,7 +148,9 @@ class _DataPath:
 def _data_path(s: TrainingSession, part: str, say: Callable[[str], None]) -> _DataPath:
     """The head-only epochs' path for the head (cached features when exact and allowed, else through the
     frozen body: eval mode, statistics kept); the whole model on images for the body."""
-    if part == "head" and s.recipe.finetune.feature_cache is not False:
+    if part == "head" and s.recipe.finetune.feature_cache is not False and not feature_cache.allowed(s.recipe):
+        say(feature_cache.augmented_line(s.recipe))
+    elif part == "head" and s.recipe.finetune.feature_cache is not False:
         head_name = feature_cache.exact_head(s)
         if head_name is None:
             say(feature_cache.not_used_line(s))
