@@ -87,8 +87,13 @@ def image_folder(tmp_path) -> Path:
 ONE_THREAD = "train.threads=1"
 
 # Fast settings shared by engine tests: Inception v3's smallest input (75 px), tiny batches, main-process loading.
+# A small random model trained whole (inception_v3/imagefolder is a linear probe of trained weights by default,
+# which refuses a random body): every layer at one rate, no label smoothing, a constant rate over the epochs.
 FAST = [
     "model.weights=null",
+    "finetune.body_lr_mult=1",
+    "train.label_smoothing=0.0",
+    "schedule.name=steplr",
     "data.train_crop_size=75",
     "data.val_resize_size=75",
     "data.val_crop_size=75",

@@ -14,7 +14,7 @@ from conftest import make_image_folder
 
 from inceptionlab.judge.evaluate import evaluate_run
 
-SMALL = ["model.name=resnet18", "model.weights=null", "data.train_crop_size=40", "data.val_resize_size=40",
+SMALL = ["model.name=resnet18", "model.weights=null", "finetune.body_lr_mult=1", "data.train_crop_size=40", "data.val_resize_size=40",
          "data.val_crop_size=40", "data.num_workers=0", "train.batch_size=4", "train.epochs=2", "optim.lr=0.01"]
 
 

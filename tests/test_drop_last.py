@@ -22,7 +22,7 @@ from inceptionlab.engine.session import build_training_session
 from inceptionlab.models.spec import eval_transform
 
 # resnet18 at 32 px: layer4's map is 1 x 1, so a batch of one image has one value per BatchNorm channel.
-BN_RECIPE = ["model.name=resnet18", "model.weights=null", "data.train_crop_size=32", "data.val_resize_size=32",
+BN_RECIPE = ["model.name=resnet18", "model.weights=null", "finetune.body_lr_mult=1", "data.train_crop_size=32", "data.val_resize_size=32",
              "data.val_crop_size=32", "data.num_workers=0", "train.batch_size=4", "train.epochs=1",
              "train.log_every=1", "optim.lr=0.01"]
 

@@ -319,7 +319,7 @@ def test_two_process_ddp_training_with_augmentation_on_the_device_path(tmp_path)
     """torchrun, 2 ranks on gloo: a policy, erasing and MixUp/CutMix on the resident path train (each
     rank's draws carry its rank: test_draws_are_a_function_of_seed_epoch_rank_step...)."""
     data = make_image_folder(tmp_path / "data", train_per_class=4, val_per_class=1, size=24)
-    sets = ["model.name=cifar10_cnn", "model.weights=null", "data.train_crop_size=32", "data.val_resize_size=32",
+    sets = ["model.name=cifar10_cnn", "model.weights=null", "finetune.body_lr_mult=1", "data.train_crop_size=32", "data.val_resize_size=32",
             "data.val_crop_size=32", "data.num_workers=0", "data.loader=resident", "train.batch_size=3",
             "train.epochs=2", *AUGMENTED[:-1]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -32,7 +32,7 @@ from inceptionlab.models.spec import eval_transform
 LANDSCAPE, PORTRAIT = (375, 500), (500, 375)  # (height, width)
 # resnet18 at 112 px keeps the test short; the cache is exactly the eval resize, as by default.
 RESIZE, CROP = 128, 112
-PHOTO_RECIPE = ["model.name=resnet18", "model.weights=null", f"data.train_crop_size={CROP}",
+PHOTO_RECIPE = ["model.name=resnet18", "model.weights=null", "finetune.body_lr_mult=1", f"data.train_crop_size={CROP}",
                 f"data.val_resize_size={RESIZE}", f"data.val_crop_size={CROP}", f"data.cache_size={RESIZE}",
                 "data.num_workers=0", "data.hflip=true", "train.batch_size=4", "train.epochs=1", "train.log_every=1",
                 "optim.lr=0.01", "train.precision=fp32", "train.channels_last=false", "train.compile=false"]

@@ -95,7 +95,7 @@ def test_a_timm_run_trains_head_first_then_predicts_evaluates_and_reports(tmp_pa
     data = make_image_folder(tmp_path / "data", train_per_class=4, val_per_class=2, size=64)
     result = cli("train", "inception_v3/imagefolder", "--data", data, "--out", tmp_path / "runs", "--no-progress",
                  "--json", *[x for item in [
-                     "model.name=timm/tf_efficientnet_lite0", "model.weights=null", "train.epochs=2",
+                     "model.name=timm/tf_efficientnet_lite0", "model.weights=null", "finetune.body_lr_mult=1", "train.epochs=2",
                      "finetune.freeze_epochs=1", "finetune.layer_decay=0.75", "data.train_crop_size=64",
                      "data.val_resize_size=64", "data.val_crop_size=64", "train.batch_size=4", "data.num_workers=0",
                      "train.precision=fp32", "train.compile=false", "train.channels_last=false"]

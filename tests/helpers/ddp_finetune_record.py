@@ -29,7 +29,7 @@ from inceptionlab.engine.session import build_training_session
 
 SETS = ["model.name=resnet18", "data.train_crop_size=32", "data.val_resize_size=32",
         "data.val_crop_size=32", "data.num_workers=0", "train.batch_size=4", "train.micro_batch_size=2",
-        "train.epochs=3", "train.log_every=1", "optim.lr=0.02", "finetune.freeze_epochs=2", "ema.decay=0.7",
+        "train.epochs=3", "train.log_every=1", "optim.lr=0.02", "finetune.freeze_epochs=2", "finetune.body_lr_mult=1", "ema.decay=0.7",
         # Frozen statistics: batch statistics of 2 images a rank wrecked the running ones at the unfreeze
         # (validation loss 1.10 -> 1277, a run stopped as diverged, also at lr 0.005).
         "finetune.bn=frozen",

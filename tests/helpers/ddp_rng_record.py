@@ -28,7 +28,7 @@ from inceptionlab.models.small import UniformMaskDropout
 
 COMMON = ["train.epochs=2", "train.log_every=1", "train.batch_size=2", "data.num_workers=0", "optim.lr=0.01"]
 RECIPES = {
-    "images": ("inception_v3/imagefolder", ["model.name=cifar10_cnn", "model.weights=null", "data.loader=workers",
+    "images": ("inception_v3/imagefolder", ["model.name=cifar10_cnn", "model.weights=null", "finetune.body_lr_mult=1", "data.loader=workers",
                                             "data.train_crop_size=32", "data.val_resize_size=32",
                                             "data.val_crop_size=32"]),
     "text": ("imdb/text_classifier", ["data.download=false"]),

@@ -23,7 +23,7 @@ from inceptionlab.engine.loop import train_step
 from inceptionlab.engine.session import build_training_session
 
 CLASS_WEIGHTS = [1.0, 10.0, 1.0]
-SETS = ["model.name=cifar10_cnn", "model.weights=null", "data.train_crop_size=32", "data.val_resize_size=32",
+SETS = ["model.name=cifar10_cnn", "model.weights=null", "finetune.body_lr_mult=1", "data.train_crop_size=32", "data.val_resize_size=32",
         "data.val_crop_size=32", "data.num_workers=0", "train.batch_size=6", "train.micro_batch_size=2",
         "train.precision=fp32", "train.channels_last=false", "train.compile=false", "train.threads=1",
         "train.label_smoothing=0.1", f"train.class_weights={CLASS_WEIGHTS}", "optim.name=sgd", "optim.lr=0.5",
