@@ -64,7 +64,9 @@ ARMS = [
 COMMON = ("model.name=resnet18", "data.train_crop_size=64", "data.val_resize_size=64", "data.val_crop_size=64",
           "data.train_crop_scale=[0.35,1.0]", "data.loader=resident", "data.num_workers=0", "train.precision=fp32",
           "train.channels_last=false", "train.compile=false", "train.log_every=1000", "optim.name=sgd",
-          "optim.momentum=0.9", "optim.weight_decay=5e-4", "schedule.name=cosine", "train.label_smoothing=0.1")
+          "optim.momentum=0.9", "optim.weight_decay=5e-4", "schedule.name=cosine", "train.label_smoothing=0.1",
+          # inception_v3/imagefolder is a linear probe by default; the arms train the body unless they say otherwise
+          "finetune.body_lr_mult=1")
 
 
 @dataclass(frozen=True)

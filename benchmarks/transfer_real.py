@@ -71,7 +71,9 @@ MODELS = {
 COMMON = ("optim.name=sgd", "optim.momentum=0.9", "optim.weight_decay=1e-4", "optim.decay_norm_and_bias=false",
           "schedule.name=cosine", "schedule.warmup_epochs=0", "train.label_smoothing=0.1", "train.batch_size=32",
           "train.precision=bf16", "train.channels_last=true", "train.compile=false", "data.loader=workers",
-          "data.num_workers=1", "data.hflip=true", "train.log_every=1000")
+          "data.num_workers=1", "data.hflip=true", "train.log_every=1000",
+          # inception_v3/imagefolder is a linear probe by default; the arms train the body unless they say otherwise
+          "finetune.body_lr_mult=1")
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,10 @@ ARMS = {
     "head_then_whole": Arm("head_then_whole", "head 2 epochs (cached features), then all: warm-up 1, layer decay 0.75",
                            ("finetune.freeze_epochs=2", "schedule.warmup_epochs=1", "finetune.layer_decay=0.75")),
     "whole": Arm("whole", "every layer at one rate from the start, warm-up 1", ("schedule.warmup_epochs=1",)),
-    # The linear-probe settings docs/fine-tuning.md recommends for real weights (lr 0.03, cosine, label smoothing
-    # 0.1, 6 epochs), with nothing else given: no COMMON, --lr or --epochs, the preprocessing from the weights.
-    "probe_recommended": Arm("probe_recommended", "linear probe, the recommended settings (lr 0.03, cosine, smoothing 0.1, 6 epochs)",
+    # inception_v3/imagefolder's default linear probe (lr 0.03, cosine, label smoothing 0.1, 6 epochs), its values
+    # given so that older versions run it too; nothing else given: no COMMON, --lr or --epochs, the preprocessing
+    # from the weights.
+    "probe_recommended": Arm("probe_recommended", "linear probe, inception_v3/imagefolder's default (lr 0.03, cosine, smoothing 0.1, 6 epochs)",
                          ("finetune.body_lr_mult=0", "optim.lr=0.03", "schedule.name=cosine", "train.label_smoothing=0.1",
                           "train.epochs=6"), recipe_only=True),
 }
