@@ -88,6 +88,30 @@ def test_the_rule_says_far_before_unsure_and_keeps_its_bank_beside_spec_json(tmp
     assert "knn_without_bank" not in dict(rule.softmax_only().parameters())
 
 
+def test_a_feature_far_longer_or_shorter_than_any_seen_is_far_whatever_its_direction(tmp_path):
+    """L2 normalisation keeps only a feature's direction: the demo digits model maps noise to features ~200x
+    longer than a digit's, pointing where the 6s do, and every noise image was answered (FPR95 1.00). A
+    feature whose length lies well outside the training and validation features' lengths is as far as a
+    unit vector can be (distance 2); one within keeps its distance. A rule saved before the bound answers as
+    it did."""
+    from inceptionlab.judge.unknown import Bank, fit_knn
+
+    rng = np.random.default_rng(0)
+    train = rng.normal(size=(60, 8)) ** 2 + 0.1  # post-ReLU-like: positive, lengths ~2-5
+    val = rng.normal(size=(20, 8)) ** 2 + 0.1
+    knn = fit_knn(Bank(torch.from_numpy(train).float(), 60, "all", None, False), val, UnknownTarget.parse("coverage=0.95"),
+                  "fc", tmp_path, classes=3)
+    queries = np.stack([train[0] * 100, train[0] / 100, train[0] * 1.1])
+    distance = knn.distances(queries)
+    assert distance[:2].tolist() == [2.0, 2.0] and distance[2] == pytest.approx(0.0, abs=1e-3)
+    assert knn.far(distance).tolist() == [True, True, False]
+    assert not knn.far(knn.distances(np.concatenate([train, val]))).all()
+    back = KnnRule(**json.loads(json.dumps(knn.to_dict()))).located(tmp_path)
+    assert back.distances(queries).tolist() == distance.tolist()
+    saved_before = {key: value for key, value in knn.to_dict().items() if key != "norm_range"}
+    assert KnnRule(**saved_before).located(tmp_path).distances(queries)[0] == pytest.approx(0.0, abs=1e-3)
+
+
 # --------------------------------------------------------------------------- evaluate, predict
 
 
