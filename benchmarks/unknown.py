@@ -145,7 +145,32 @@ def measure(name: str, run: Path, unknowns: dict[str, Path], what: str) -> list[
                          "bank": f"{knn['rows']} x {knn['dim']}", "k": knn["k"]})
         print(f"{name} / {source}: " + ", ".join(f"{r['score']} FPR95 {r['fpr95']:.3f} AUROC {r['auroc']:.3f}"
                                                for r in rows if r["unknown_images"] == source), flush=True)
-    return rows
+    return rows + without_length_bound(name, run, unknowns, what, rows)
+
+
+def without_length_bound(name: str, run: Path, unknowns: dict[str, Path], what: str,
+                         rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The kNN rows again on the same run and bank with the feature-length bound taken out of spec.json (the
+    distance alone, as rules fitted before the bound answer): its effect measured within one run."""
+    spec_path = run / "spec.json"
+    saved = spec_path.read_text()
+    spec = json.loads(saved)
+    if spec["rule"]["knn"].pop("norm_range", None) is None:
+        return []
+    spec_path.write_text(json.dumps(spec, indent=2))
+    try:
+        extra = []
+        for source, folder in unknowns.items():
+            report = cli("evaluate", str(run), "--keep-rule", "--unknown-images", str(folder), "--num-workers", "0")
+            row = report["outside_images"]["scores"]["knn"]
+            like = next(r for r in rows if r["unknown_images"] == source and r["score"] == "knn")
+            extra.append({**like, "score": "knn_unbounded", "fpr95": row["fpr95"], "auroc": row["auroc"],
+                          "unknown_share": row["unknown_share"]})
+            print(f"{name} / {source}: knn without the length bound FPR95 {row['fpr95']:.3f} AUROC {row['auroc']:.3f}",
+                  flush=True)
+        return extra
+    finally:
+        spec_path.write_text(saved)
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ from scipy.stats import rankdata
 from inceptionlab.engine.features import cache_folder, feature_key, load_or_extract
 from inceptionlab.errors import UserError
 from inceptionlab.judge.calibrate import RejectTarget, choose_threshold, parse_share
-from inceptionlab.models.knn import KnnRule, choose_k, bank_rows, kth_distance, normalised, save_bank
+from inceptionlab.models.knn import KnnRule, bank_rows, choose_k, kth_distance, norm_range, normalised, save_bank
 from inceptionlab.models.rule import calibrated_probabilities
 
 FPR_COVERAGE = 0.95  # FPR95: the unknown images answered at 95% of validation answered
@@ -170,7 +170,7 @@ def fit_knn(bank: Bank, val_features: np.ndarray, target: UnknownTarget, layer: 
     distances = kth_distance(val_features, normalised(bank.features), k)
     threshold = -coverage_threshold(-distances, target.coverage)
     return save_bank(bank.features, home, images=bank.images, sampled=bank.sampled, layer=layer, k=k,
-                     threshold=max(threshold, 0.0), target=str(target))
+                     threshold=max(threshold, 0.0), target=str(target), lengths=norm_range(bank.features, val_features))
 
 
 def knn_line(knn: KnnRule, val_distances: np.ndarray, bank: Bank | None) -> str:

@@ -26,7 +26,7 @@ import hashlib
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -50,6 +50,13 @@ def choose_k(rows: int, classes: int, k: int = DEFAULT_K) -> int:
 MAX_BANK_BYTES = 256 * 2**20
 QUERY_CHUNK = 1024  # queries per matrix product: 1,024 x 32,768 similarities are 128 MB of float32
 FAR = "far from the training data"  # why an answer is unknown: the kNN distance is above its threshold
+# A feature's length outside [shortest / NORM_MARGIN, longest x NORM_MARGIN] of the training and validation
+# features' is as far as a unit vector can be (FARTHEST). Normalising keeps only the direction: the demo digits
+# model maps uniform noise to features ~200x longer than a digit's, pointing where the 6s do, and all noise
+# was answered under the distance alone (benchmarks/unknown.py, AMD EPYC Zen 4, 2026-12-05). 2: a margin
+# wide enough that no in-distribution image the fit saw comes near it.
+NORM_MARGIN = 2.0
+FARTHEST = 2.0  # the largest distance between two unit vectors
 
 
 def normalised(features: Any) -> torch.Tensor:
@@ -69,6 +76,12 @@ def kth_distance(queries: Any, bank: Any, k: int) -> np.ndarray:
         kth = similarity.topk(k, dim=1).values[:, -1].double()
         out.append((2.0 - 2.0 * kth).clamp_min(0.0).sqrt())
     return torch.cat(out).numpy() if out else np.zeros(0)
+
+
+def norm_range(*features: Any) -> tuple[float, float]:
+    """[shortest / NORM_MARGIN, longest x NORM_MARGIN] of these rows' lengths: the lengths a feature may have."""
+    norms = torch.cat([torch.as_tensor(np.asarray(f)).double().reshape(len(f), -1).norm(dim=1) for f in features])
+    return float(norms.min()) / NORM_MARGIN, float(norms.max()) * NORM_MARGIN
 
 
 def bank_rows(count: int, dim: int, max_bytes: int = MAX_BANK_BYTES, seed: int = 0) -> np.ndarray | None:
@@ -95,11 +108,15 @@ class KnnRule:
     layer: str  # the head layer whose input the features are
     file: str = BANK_FILE  # beside spec.json and model.pt
     sha256: str = ""  # of the file: a bank that no longer matches is refused
+    # Feature lengths outside it are FARTHEST (see NORM_MARGIN); None in rules saved before it existed.
+    norm_range: Optional[tuple[float, float]] = None
     home: str | None = field(default=None, compare=False, repr=False)  # the run directory (not saved)
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.threshold < 0:
             raise ValueError(f"kNN rule k={self.k!r}, threshold={self.threshold!r}: k must be >= 1, threshold >= 0")
+        if self.norm_range is not None:
+            object.__setattr__(self, "norm_range", (float(self.norm_range[0]), float(self.norm_range[1])))
 
     @property
     def bytes(self) -> int:
@@ -119,14 +136,24 @@ class KnnRule:
         return _read_bank(str(self.path), self.sha256)
 
     def distances(self, features: Any) -> np.ndarray:
-        return kth_distance(features, self.bank(), self.k)
+        """The k-th nearest bank row's distance of each feature's direction; FARTHEST where its length lies
+        outside norm_range."""
+        distances = kth_distance(features, self.bank(), self.k)
+        if self.norm_range is not None and len(distances):
+            lengths = torch.as_tensor(np.asarray(features) if not isinstance(features, torch.Tensor) else features)
+            lengths = lengths.detach().double().cpu().reshape(len(distances), -1).norm(dim=1).numpy()
+            low, high = self.norm_range
+            distances = np.where((lengths < low) | (lengths > high), FARTHEST, distances)
+        return distances
 
     def far(self, distances: np.ndarray) -> np.ndarray:
         """Which distances lie beyond the threshold: the one comparison evaluate's promise and every answer make."""
         return np.asarray(distances, dtype=np.float64) > self.threshold
 
     def describe(self) -> str:
-        return (f"unknown beyond kNN distance {self.threshold:.4f} [{self.target}; k={self.k}, bank of "
+        lengths = "" if self.norm_range is None else \
+            f", or a feature length outside {self.norm_range[0]:.3g}-{self.norm_range[1]:.3g}"
+        return (f"unknown beyond kNN distance {self.threshold:.4f}{lengths} [{self.target}; k={self.k}, bank of "
                 f"{self.rows:,} x {self.dim} features ({self.bytes / 2**20:.1f} MiB, {self.sampled} of "
                 f"{self.images:,} training images)]")
 
@@ -156,10 +183,11 @@ def _read_bank(path: str, sha256: str) -> torch.Tensor:
 
 
 def save_bank(features: Any, home: Path, *, images: int, sampled: str, layer: str, k: int, threshold: float,
-              target: str) -> KnnRule:
+              target: str, lengths: Optional[tuple[float, float]] = None) -> KnnRule:
     """Write the normalised bank beside model.pt (atomically) and describe it."""
     bank = normalised(features).numpy().astype(np.float32)
     path = Path(home) / BANK_FILE
     atomic_write(path, lambda handle: np.save(handle, bank))
     return KnnRule(k=min(k, len(bank)), threshold=float(threshold), target=target, rows=len(bank), dim=bank.shape[1],
-                   images=images, sampled=sampled, layer=layer, sha256=sha256_file(path), home=str(home))
+                   images=images, sampled=sampled, layer=layer, sha256=sha256_file(path), norm_range=lengths,
+                   home=str(home))
