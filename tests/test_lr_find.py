@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchvision
 from conftest import FAST
 from helpers.page_examples import check_example
 
@@ -106,6 +107,24 @@ def test_cli_without_a_terminal_says_how_far_each_range_test_is(image_folder, tm
     assert lines[0].startswith("range test head: step 2/20, lr ") and "left" in lines[0]
     assert lines[-1].startswith("range test body: step 20/20, lr 0.001")
     check_example("fine-tuning-lr-find-progress", result.out)
+
+
+def test_a_linear_probe_tests_the_head_alone_and_suggests_no_body_rate(image_folder, tmp_path, cli):
+    """inception_v3/imagefolder is a linear probe by default (finetune.body_lr_mult=0): the body never trains,
+    so its range test (full training steps: most of half an hour for Inception v3 on a CPU) is skipped and said,
+    and the suggestion is optim.lr alone (a finetune.body_lr_mult would turn the probe into whole-model training)."""
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(num_classes=3).state_dict(), tmp_path / "start.pt")
+    sets = [x for item in [*FAST, "finetune.body_lr_mult=0", "model.name=resnet18", f"model.weights={tmp_path / 'start.pt'}",
+                           "data.train_crop_size=32", "data.val_resize_size=32", "data.val_crop_size=32"]
+            for x in ("--set", item)]
+    result = cli("lr-find", "inception_v3/imagefolder", "--data", image_folder, *sets, "--steps", "8",
+                 "--start", "1e-4", "--out", tmp_path / "lr", "--json", "--no-progress")
+    assert result.code == 0, result.err
+    report = json.loads(result.out.strip().splitlines()[-1])
+    assert set(report["tests"]) == {"head"} and set(report["suggested"]) <= {"optim.lr"}
+    assert "body: not tested: finetune.body_lr_mult=0 keeps the body frozen for the whole run" in result.err
+    assert not [line for line in result.err.splitlines() if line.startswith("range test body")]
 
 
 def test_cli_writes_the_plot_and_json(image_folder, tmp_path, cli):
