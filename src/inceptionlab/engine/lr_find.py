@@ -202,6 +202,11 @@ def session_range_test(s: TrainingSession, part: str, lrs: list[float],
     return range_test(step, lrs, part, progress)
 
 
+def body_never_trains(recipe: Any) -> bool:
+    """A linear probe: the body's rate is 0 for the whole run."""
+    return recipe.finetune.body_lr_mult == 0
+
+
 def find_learning_rates(s: TrainingSession, start: float = 1e-7, end: float = 10.0, steps: int = 100,
                         progress: Callable[[Any], Any] = lambda it: it,
                         say: Callable[[str], None] = lambda line: None) -> dict[str, RangeTest]:
@@ -209,9 +214,14 @@ def find_learning_rates(s: TrainingSession, start: float = 1e-7, end: float = 10
     saved = copy.deepcopy(s.model.state_dict())
     devices = [s.device] if s.device.type == "cuda" else []
     results = {}
+    parts = ("head", "body")
+    if body_never_trains(s.recipe):
+        parts = ("head",)
+        say("body: not tested: finetune.body_lr_mult=0 keeps the body frozen for the whole run (a linear probe); "
+            "set finetune.body_lr_mult (and finetune.freeze_epochs) to test the whole model too")
     try:
         with torch.random.fork_rng(devices=devices):
-            for part in ("head", "body"):
+            for part in parts:
                 results[part] = session_range_test(s, part, rates(start, end, steps), progress, say)
                 s.model.load_state_dict(saved)
     finally:
@@ -229,7 +239,8 @@ class Recommendation:
 
 def recommendation(results: dict[str, RangeTest]) -> Recommendation:
     """optim.lr from the head's test, finetune.body_lr_mult from the body's (at most 1, said when capped)."""
-    head, body = results["head"].suggestion, results["body"].suggestion
+    head = results["head"].suggestion
+    body = results["body"].suggestion if "body" in results else None
     values: dict[str, float] = {}
     notes: list[str] = []
     if head is not None:
