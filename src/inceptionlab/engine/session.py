@@ -31,9 +31,9 @@ from inceptionlab.engine.choices import check_recipe
 from inceptionlab.engine.distributed import DistInfo, broadcast_state, init_distributed, normaliser_over_ranks
 from inceptionlab.engine.ema import ModelEma
 from inceptionlab.engine.loop import StepSettings
-from inceptionlab.engine.notes import (RANDOM_INIT, cache_size_notes, from_scratch_recipe, from_scratch_warning,
-                                      imbalance_notes, optimizer_notes, random_body_freeze_skipped,
-                                      random_body_probe_refused, speed_warnings)
+from inceptionlab.engine.notes import (RANDOM_INIT, cache_size_notes, few_probe_steps_notes, from_scratch_recipe,
+                                      from_scratch_warning, imbalance_notes, optimizer_notes,
+                                      random_body_freeze_skipped, random_body_probe_refused, speed_warnings)
 from inceptionlab.engine.optim import build_optimizer, build_scheduler
 from inceptionlab.engine.speed import RunShape, resolve_speed_settings
 from inceptionlab.engine.task import make_task
@@ -240,6 +240,7 @@ class SessionBuilder:
                 f"parameters: {self.parts.describe()}", *optimizer_notes(recipe, self.optimizer), *self.size_notes,
                 *(cache_size_notes(recipe.data) if recipe.data.reader in READERS else []),
                 *imbalance_notes(recipe, self.task, self.targets, self.num_classes),
+                *few_probe_steps_notes(recipe, self.steps_per_epoch),
                 self.speed.line("speed settings"), *speed_warnings(recipe, self.device), self.threads.describe()]
 
     def _finish(self) -> TrainingSession:
